@@ -1,0 +1,60 @@
+"""The `verl-grpo` flow: prepare → provision → train → evaluate → register, teardown always."""
+
+from __future__ import annotations
+
+from prefect import flow, tags
+from prefect.runtime import flow_run
+
+from tasks.evaluate import evaluate, evaluate_base
+from tasks.prepare import prepare_data
+from tasks.provision import provision, teardown
+from tasks.register import register
+from tasks.reporting import publish_summary, run_tags
+from tasks.resolve import resolve_config
+from tasks.train import train
+from verl_grpo.config import load_config
+from verl_grpo.runs import run_name
+
+
+def _flow_run_name() -> str:
+    params = flow_run.parameters
+    return run_name(load_config(params.get("config") or ["gsm8k"], params.get("overrides") or []))
+
+
+@flow(name="verl-grpo", flow_run_name=_flow_run_name, log_prints=True)
+def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = None, run_id: str | None = None) -> dict:
+    """GRPO post-training of one model on one dataset.
+
+    config: config files or shipped profile names, merged in order (default: gsm8k).
+    overrides: dotted `key=value` settings applied last, e.g. `algorithm.rollouts=8`.
+    run_id: resume this run; without it an unfinished run with the same config resumes, else a new one starts.
+    """
+    run = resolve_config(config or ["gsm8k"], overrides or [], run_id)
+    cfg = run.cfg
+    with tags(*run_tags(cfg)):
+        dataset = prepare_data(cfg)
+        cluster = provision(cfg, run.run_id)
+        try:
+            result = train(cfg, dataset, cluster, run.run_id)
+            base_report = evaluate_base(cfg, dataset)
+            report = evaluate(cfg, result.model_uri, dataset, run.run_id)
+            version = register(cfg, run.run_id, dataset, result, report, base_report, tracking_tags(run.run_id))
+        finally:
+            teardown(cfg, cluster)
+        return publish_summary(cfg, run.run_id, dataset, result, report, base_report, version)
+
+
+def tracking_tags(run_id: str) -> dict[str, str]:
+    """Prefect provenance for the MLflow run."""
+    from verl_grpo.provenance import git_sha
+
+    return {
+        "prefect.flow_run_id": str(flow_run.id or ""),
+        "prefect.flow_run_url": str(flow_run.ui_url or ""),
+        "prefect.flow_run_name": str(flow_run.name or ""),
+        "git_sha": git_sha(),
+    }
+
+
+if __name__ == "__main__":
+    verl_grpo()

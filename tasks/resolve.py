@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from verl_grpo import pipeline
+
+
+@task(name="resolve-config", cache_policy=NO_CACHE)
+def resolve_config(config_files: list[str], overrides: list[str], run_id: str | None) -> pipeline.ResolvedRun:
+    """Validate the config, pick/resume the run id and store the resolved config."""
+    return pipeline.resolve(config_files, overrides, run_id)

@@ -1,0 +1,232 @@
+"""register_run against a real MLflow (SQLite file; one test against `mlflow server`), with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import CheckpointRef, DatasetVersion, EvalReport, TrainResult
+from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.registry import download_version, list_models, register_run
+from verl_grpo.store import Store, eval_table, model_dir
+
+SPLIT, SETTINGS, N = "test", "settings-a", 40
+
+
+@pytest.fixture
+def env(tmp_path):
+    store = Store(f"file://{tmp_path / 'store'}")
+    cfg = RunConfig.model_validate({
+        "storage": {"uri": store.uri},
+        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    })
+    manifest = json.dumps({"name": "gsm8k", "hash": "h1", "counts": {"test": N}})
+    store.write_text(manifest, "datasets/gsm8k/h1/manifest.json")
+    dataset = DatasetVersion(name="gsm8k", hash="h1", uri=store.url("datasets/gsm8k/h1"),
+                             splits={SPLIT: store.url("datasets/gsm8k/h1/test.parquet")}, counts={SPLIT: N})
+    return cfg, store, dataset
+
+
+def make_run(store: Store, tiny: Path, run_id: str, correct: list[bool], settings: str = SETTINGS,
+             accuracy_offset: float = 0.0) -> tuple[TrainResult, EvalReport, EvalReport]:
+    """A finished run in the store: model files, 3 steps of metrics, eval tables of the run and the base."""
+    model_uri = store.put_dir(tiny, model_dir(run_id))
+    lines = [json.dumps({"step": s, "loss": 1.0 / s, "reward/mean": 0.1 * s, "note": "text"}) for s in (1, 2, 3)]
+    metrics_uri = store.write_text("\n".join(lines) + "\n", f"runs/{run_id}/metrics.jsonl")
+    ckpt = CheckpointRef(run_id=run_id, step=3, uri=store.url(f"runs/{run_id}/checkpoints/global_step_3"))
+    train = TrainResult(run_id=run_id, final_step=3, checkpoint=ckpt, model_uri=model_uri, metrics_uri=metrics_uri)
+    report = _report(store, eval_table(run_id, SPLIT), model_uri, correct, settings)
+    base = _report(store, f"eval-cache/tiny/{SPLIT}-{settings}.parquet", "tiny", [False] * len(correct), settings)
+    return train, report, base
+
+
+def _report(store: Store, rel: str, model_uri: str, correct: list[bool], settings: str) -> EvalReport:
+    table = pd.DataFrame({"id": [f"test/{i}" for i in range(len(correct))], "correct": correct,
+                          "score": [float(c) for c in correct]})
+    local = Path(store.path(rel))
+    local.parent.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(local)
+    acc = sum(correct) / len(correct)
+    return EvalReport(model_uri=model_uri, split=SPLIT, n=len(correct), metrics={"accuracy": acc, "pass@4": acc,
+                      "n": float(len(correct))}, table_uri=store.url(rel), settings_key=settings)
+
+
+def register(cfg, store, dataset, train, report, base, **kw):
+    return register_run(cfg, run_id=train.run_id, dataset=dataset, train=train, report=report, base_report=base,
+                        store=store, tags={"prefect.flow_run_id": "fr-1", "git.sha": "abc123"}, **kw)
+
+
+def correct_first(k: int) -> list[bool]:
+    return [i < k for i in range(N)]
+
+
+def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tmp_path):
+    cfg, store, dataset = env
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
+
+    version = register(cfg, store, dataset, train, report, base)
+
+    assert (version.name, version.version, version.aliases) == ("verl-grpo-gsm8k", "1", ["challenger", "champion"])
+    assert "first model" in version.decision
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    run = client.get_run(version.mlflow_run_id)
+    assert run.data.tags["verl_grpo.run_id"] == "run-a"
+    assert run.data.tags["dataset.hash"] == "h1" and run.data.tags["git.sha"] == "abc123"
+    assert run.data.tags["checkpoint_uri"].endswith("global_step_3")
+    assert run.data.params["algorithm.rollouts"] == "4" and run.data.params["eval.limit"] == "50"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "loss")] == [1.0, 0.5, 1.0 / 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3]
+    assert run.data.metrics["eval/accuracy"] == 0.25 and run.data.metrics["delta/accuracy"] == 0.25
+    assert run.data.metrics["eval/pass_at_4"] == 0.25 and "delta/n" not in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
+        a.path for d in ("eval", "data") for a in client.list_artifacts(run.info.run_id, d)}
+    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet", "model"} <= artifacts
+    mv = client.get_model_version("verl-grpo-gsm8k", "1")
+    assert mv.tags["eval.accuracy"] == "0.25" and mv.tags["promotion.decision"] == "first-model"
+
+    hf_dir = download_version(cfg.tracking.mlflow_uri, "verl-grpo-gsm8k", "champion", tmp_path / "dl")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "2+3?"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    pairs = zip(model.state_dict().values(), original.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_retry_reuses_run_and_version(env, tiny_model_dir):
+    cfg, store, dataset = env
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
+
+    first = register(cfg, store, dataset, train, report, base)
+    again = register(cfg, store, dataset, train, report, base)
+
+    assert (again.version, again.mlflow_run_id, again.decision) == (first.version, first.mlflow_run_id, first.decision)
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    assert len(client.search_model_versions("name='verl-grpo-gsm8k'")) == 1
+    assert len(client.search_runs([client.get_experiment_by_name("verl-grpo/gsm8k").experiment_id])) == 1
+    assert len(client.get_metric_history(first.mlflow_run_id, "loss")) == 3
+
+
+def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_model_dir):
+    cfg, store, dataset = env
+    runs = {name: make_run(store, tiny_model_dir, name, correct_first(k))
+            for name, k in (("weak", 10), ("strong", 30), ("marginal", 32), ("worse", 5))}
+
+    decisions = {name: register(cfg, store, dataset, *runs[name]) for name in ("weak", "strong", "marginal", "worse")}
+
+    assert decisions["weak"].aliases == ["challenger", "champion"]
+    assert decisions["strong"].decision.startswith("promoted v2 over v1")  # 20 discordant pairs, all for v2
+    assert "champion" in decisions["strong"].aliases
+    assert decisions["marginal"].decision.startswith("kept champion v2") and "not significantly" in \
+        decisions["marginal"].decision
+    assert decisions["worse"].decision.startswith("kept champion v2") and "not better" in decisions["worse"].decision
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    assert str(client.get_model_version_by_alias("verl-grpo-gsm8k", "champion").version) == "2"
+    assert str(client.get_model_version_by_alias("verl-grpo-gsm8k", "challenger").version) == "4"
+    v2 = client.get_model_version("verl-grpo-gsm8k", "2").tags
+    assert v2["promotion.decision"] == "promoted" and v2["promotion.challenger_only"] == "20"
+    assert float(v2["promotion.mcnemar_p"]) < 1e-5
+    assert v2["challenged_by.v3.decision"] == "kept-not-significant"
+    assert v2["challenged_by.v4.decision"] == "kept-not-better"
+    rows = list_models(cfg)
+    assert [(r["version"], r["aliases"], r["accuracy"], r["steps"]) for r in rows] == [
+        (4, ["challenger"], 0.125, 3), (3, [], 0.8, 3), (2, ["champion"], 0.75, 3), (1, [], 0.25, 3)]
+    assert rows[1]["decision"] == "kept-not-significant" and rows[1]["delta_accuracy"] == 0.8
+
+
+def test_other_eval_settings_are_not_compared_unless_the_champion_is_re_evaluated(env, tiny_model_dir):
+    cfg, store, dataset = env
+    register(cfg, store, dataset, *make_run(store, tiny_model_dir, "old", correct_first(5), settings="old"))
+    train, report, base = make_run(store, tiny_model_dir, "new", correct_first(35), settings="new")
+
+    kept = register(cfg, store, dataset, train, report, base)
+    assert kept.decision.startswith("kept champion v1: it was evaluated with other settings")
+
+    champion_again = _report(store, "eval-cache/champ/test-new.parquet", "champ", correct_first(5), "new")
+    train2, report2, _ = make_run(store, tiny_model_dir, "new2", correct_first(35), settings="new")
+    promoted = register(cfg, store, dataset, train2, report2, base, champion_report=champion_again)
+    assert promoted.decision.startswith("promoted v3 over v1") and "champion" in promoted.aliases
+
+
+def test_unknown_model_lists_nothing_and_an_unreachable_server_is_an_infra_error(env, monkeypatch):
+    cfg, _, _ = env
+    assert list_models(cfg, "no-such-model") == []
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    with socket.socket() as s:  # a port that nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(InfraError, match="tracking.mlflow_uri"):
+        list_models(f"http://127.0.0.1:{port}", "verl-grpo-gsm8k")
+
+
+def test_secret_looking_tags_are_refused(env, tiny_model_dir):
+    cfg, store, dataset = env
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
+    with pytest.raises(ConfigError, match="hf_token"):
+        register_run(cfg, run_id="run-a", dataset=dataset, train=train, report=report, base_report=base,
+                     store=store, tags={"hf_token": "abc"})
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not become healthy within 90 s")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_register_against_an_mlflow_server(env, tiny_model_dir, mlflow_server, tmp_path):
+    cfg, store, dataset = env
+    cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"mlflow_uri": mlflow_server})})
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
+
+    version = register(cfg, store, dataset, train, report, base)
+    again = register(cfg, store, dataset, train, report, base)
+
+    assert again.version == version.version == "1"
+    assert [r["version"] for r in list_models(mlflow_server, "verl-grpo-gsm8k")] == [1]
+    hf_dir = download_version(mlflow_server, "verl-grpo-gsm8k", "1", tmp_path / "dl")
+    assert AutoModelForCausalLM.from_pretrained(hf_dir).config.vocab_size > 0

@@ -1,0 +1,89 @@
+"""Rendered YAML through SkyPilot's own loaders, registry and catalog, in a subprocess whose HOME holds the
+catalog copy (SkyPilot fixes its catalog directory when `sky` is imported, and must not try to download)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_grpo.paths import data_mirror_dir
+
+SCRIPT = r'''
+import json, sys
+from verl_grpo.config import load_config
+from verl_grpo.errors import ConfigError
+from verl_grpo.providers.skypilot.dry_run import dry_run
+
+base = ["dataset.name=gsm8k", "trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"]
+out = {}
+for name, extra in {
+    "multinode": [], "job_group": ["skypilot.shape=job_group", "infra.nodes=2"],
+    "rollout_group": ["skypilot.shape=rollout_group", "verl.rollout_engine=sglang"],
+    "bad_accelerator": ["infra.accelerators=H10:8"], "bad_strategy": ["skypilot.recovery_strategy=BOGUS"],
+    "spot_on_lambda": ["infra.spot=true", "skypilot.cloud=lambda"], "bad_key": ["skypilot.cloud=lambda",
+    "verl.extra_overrides=[trainer.savefreq=3]"],
+}.items():
+    try:
+        r = dry_run(load_config([], base + extra), env={"WANDB_API_KEY": "sekret-xyz"}, check_reward=False)
+        out[name] = {"ok": True, "checks": r.checks, "costs": [c.__dict__ for c in r.costs], "text": r.render()}
+    except ConfigError as e:
+        out[name] = {"ok": False, "error": str(e)}
+print("RESULT" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    home = tmp_path_factory.mktemp("skyhome")
+    catalog = data_mirror_dir() / "skypilot-catalog" / "v8"
+    if not (catalog / "lambda" / "vms.csv").is_file():
+        pytest.fail(f"SkyPilot catalog copy missing at {catalog}")
+    shutil.copytree(catalog, home / ".sky" / "catalogs" / "v8")
+    env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state")}
+    env.pop("SKY_RUNTIME_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"dry-run subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(line[len("RESULT"):])
+
+
+@pytest.mark.parametrize("shape", ["multinode", "job_group", "rollout_group"])
+def test_every_shape_passes_skypilot_loaders_and_catalog(results, shape):
+    r = results[shape]
+    assert r["ok"], r.get("error")
+    assert any("SkyPilot loads the" in c for c in r["checks"])
+    assert any("registered in SkyPilot" in c for c in r["checks"])
+    assert "sekret-xyz" not in r["text"]
+
+
+def test_cost_is_catalog_price_times_nodes_times_hours(results):
+    two_nodes = results["job_group"]["costs"][0]
+    assert two_nodes["instance_type"] == "gpu_8x_h100_sxm5" and two_nodes["nodes"] == 2
+    # 20 steps x 120 s = 2/3 h; Lambda's catalog price of gpu_8x_h100_sxm5 is $31.92/h.
+    assert two_nodes["on_demand"] == pytest.approx(31.92 * 2 * 20 * 120 / 3600)
+    assert two_nodes["spot"] is None
+
+
+def test_bad_accelerator_fails_with_catalog_candidates(results):
+    assert not results["bad_accelerator"]["ok"]
+    assert "'H10:8' is not offered" in results["bad_accelerator"]["error"]
+    assert "H100:8" in results["bad_accelerator"]["error"]
+
+
+def test_bad_recovery_strategy_fails_with_skypilots_message(results):
+    assert "is not a valid jobs recovery strategy" in results["bad_strategy"]["error"]
+
+
+def test_spot_where_no_spot_is_sold_fails_before_launch(results):
+    assert "sells spot" in results["spot_on_lambda"]["error"]
+
+
+def test_misspelled_verl_key_fails_in_dry_run(results):
+    assert "Could not override 'trainer.savefreq'" in results["bad_key"]["error"]

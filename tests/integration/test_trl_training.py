@@ -1,0 +1,249 @@
+"""The TRL worker as a real subprocess on the tiny model: checkpoints, metrics, final model, kill + resume.
+
+The dataset has 8 prompts and a step takes 4, so the kill/resume at step 2 lands exactly on an epoch
+boundary: the resumed process must continue with epoch 1's order, not replay epoch 0's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.config import load_config
+from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult, TrainSpec
+from verl_grpo.data import gsm8k
+from verl_grpo.data.schema import Problem, row_schema, verl_row
+from verl_grpo.errors import ConfigError
+from verl_grpo.formats import default_system_prompt
+from verl_grpo.store import Store, local_path
+from verl_grpo.trainers import get_trainer
+
+RUN_ID = "trl-it"
+N_PROMPTS = 8
+TRAIN_OVERRIDES = [
+    "algorithm.train_batch_size=4",
+    "algorithm.rollouts=4",
+    "algorithm.max_response_length=32",
+    "algorithm.total_steps=4",
+    "algorithm.save_freq=2",
+    "algorithm.lr=1e-3",
+    "trainer.micro_batch_size=8",
+    "trainer.threads=1",  # 2 OpenMP threads on a busy 2-core machine run ~10x slower than 1
+]
+WORKER_TIMEOUT_S = 300
+
+
+def write_gsm8k_split(store: Store, mirror: Path, n: int) -> DatasetVersion:
+    """A prepared-format (verl) gsm8k train split of the first n mirror rows."""
+    rows = []
+    with open(mirror / "gsm8k" / "train.jsonl") as f:
+        for index, line in zip(range(n), f):
+            raw = json.loads(line)
+            problem = Problem(uid=f"train/{index}", split="train", question=raw["question"],
+                              ground_truth=gsm8k.extract_final_answer(raw["answer"]), extra=raw, position=index)
+            messages = [{"role": "system", "content": default_system_prompt("gsm8k")},
+                        {"role": "user", "content": raw["question"]}]
+            rows.append(verl_row("gsm8k", "math", messages, problem, "train", index))
+    table = pa.Table.from_pylist(rows, schema=row_schema(gsm8k.BUILDER.extra_fields))
+    rel = "datasets/gsm8k/it"
+    store.fs.makedirs(store.path(rel), exist_ok=True)
+    with store.fs.open(store.path(rel, "train.parquet"), "wb") as f:
+        pq.write_table(table, f)
+    return DatasetVersion(name="gsm8k", hash="it", uri=store.url(rel),
+                          splits={"train": store.url(rel, "train.parquet")}, counts={"train": n})
+
+
+def plan_run(root: Path, model_dir: Path, mirror: Path, *overrides: str) -> tuple[TrainSpec, Store]:
+    store = Store(f"file://{root / 'store'}")
+    cfg = load_config(overrides=[f"model.name={model_dir}", f"storage.uri={store.uri}", *TRAIN_OVERRIDES, *overrides],
+                      env={})
+    dataset = write_gsm8k_split(store, mirror, N_PROMPTS)
+    cluster = Cluster(provider="local", name="it", workdir=str(root / "work"))
+    return get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster), store
+
+
+def worker_env(spec: TrainSpec, root: Path) -> dict[str, str]:
+    return {**os.environ, **spec.env, "VERL_GRPO_HOME": str(root / "home")}
+
+
+def run_worker(spec: TrainSpec, root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(spec.command, env=worker_env(spec, root), capture_output=True, text=True,
+                          timeout=WORKER_TIMEOUT_S, check=False)
+
+
+def metrics_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reward_component_names() -> list[str]:
+    from verl_grpo.rewards.trl_adapter import trl_reward_functions
+
+    funcs, _weights = trl_reward_functions("gsm8k")
+    return [getattr(f, "__name__", type(f).__name__) for f in funcs]
+
+
+def final_weights(store: Store) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(local_path(store.url("runs", RUN_ID, "model", "model.safetensors")))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir, data_mirror):
+    root = tmp_path_factory.mktemp("trl-uninterrupted")
+    spec, store = plan_run(root, tiny_model_dir, data_mirror)
+    proc = run_worker(spec, root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return root, spec, store, proc
+
+
+def test_run_commits_checkpoints_metrics_result_and_model(uninterrupted):
+    root, _spec, store, proc = uninterrupted
+    workdir = root / "work"
+
+    checkpoints = CheckpointStore(store)
+    assert checkpoints.steps(RUN_ID) == [2, 4]
+    assert checkpoints.latest_complete(RUN_ID).step == 4
+    assert checkpoints.manifest(RUN_ID, 2)["state"]["prompts_consumed"] == 8
+
+    lines = metrics_lines(workdir / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [1, 2, 3, 4]
+    for m in lines:
+        assert {"reward", "reward_std", "loss", "learning_rate", "step_time", "completions/mean_length"} <= set(m)
+        assert all(f"rewards/{name}/mean" in m for name in reward_component_names())
+        assert len(m["prompt_indices"]) == 4
+    epoch0 = lines[0]["prompt_indices"] + lines[1]["prompt_indices"]
+    epoch1 = lines[2]["prompt_indices"] + lines[3]["prompt_indices"]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(N_PROMPTS)), "each epoch sees every prompt once"
+    assert epoch0 != epoch1, "epochs are shuffled differently"
+    assert metrics_lines(local_path(store.url("runs", RUN_ID, "metrics.jsonl"))) == lines
+
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["1/4", "2/4", "3/4", "4/4"]
+    assert all("reward=" in line for line in progress)
+
+    result = TrainResult.model_validate_json((workdir / "result.json").read_text())
+    assert result.final_step == 4 and result.checkpoint.step == 4
+    assert result.model_uri == store.url("runs", RUN_ID, "model")
+    assert "final_reward" in result.summary
+    assert TrainResult.model_validate_json(store.read_text("runs", RUN_ID, "train_result.json")) == result
+
+
+def test_final_model_loads_and_generates(uninterrupted):
+    import torch
+
+    from verl_grpo.models import load_model_and_tokenizer
+
+    _root, _spec, store, _proc = uninterrupted
+    model, tok = load_model_and_tokenizer(local_path(store.url("runs", RUN_ID, "model")))
+    inputs = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 4
+
+
+def test_killed_run_resumes_where_it_stopped(uninterrupted, tmp_path, tiny_model_dir, data_mirror):
+    _root, _spec, ref_store, _proc = uninterrupted
+    spec, store = plan_run(tmp_path, tiny_model_dir, data_mirror)
+
+    first = subprocess.Popen(spec.command, env=worker_env(spec, tmp_path), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in first.stdout:
+            if line.startswith("checkpoint step 2 committed"):
+                first.send_signal(signal.SIGKILL)
+                break
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    assert CheckpointStore(store).latest_complete(RUN_ID).step == 2, "the kill must land before step 4's commit"
+
+    second = run_worker(spec, tmp_path)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert f"resuming run {RUN_ID} from checkpoint step 2" in second.stdout
+    progress = [line.split()[1] for line in second.stdout.splitlines() if line.startswith("step ")]
+    assert progress == ["3/4", "4/4"], "the resumed attempt trains only the remaining steps"
+
+    resumed = metrics_lines(tmp_path / "work" / "metrics.jsonl")
+    reference = metrics_lines(_root / "work" / "metrics.jsonl")
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    assert [m["prompt_indices"] for m in resumed] == [m["prompt_indices"] for m in reference]
+    assert [m["reward"] for m in resumed] == [m["reward"] for m in reference]
+
+    import torch
+
+    weights, ref_weights = final_weights(store), final_weights(ref_store)
+    assert weights.keys() == ref_weights.keys()
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in weights), "resume is bit-identical on CPU"
+
+
+def test_plan_validates_offline_before_writing_anything(tmp_path, tiny_model_dir, data_mirror):
+    with pytest.raises(ConfigError, match="trainer.micro_batch_size"):
+        plan_run(tmp_path, tiny_model_dir, data_mirror, "trainer.micro_batch_size=3")
+    assert not (tmp_path / "work").exists()
+
+    spec, store = plan_run(tmp_path, tiny_model_dir, data_mirror, "trainer.threads=2")
+    written = json.loads(Path(spec.spec_uri).read_text())
+    assert spec.command[-3:] == ["-m", "verl_grpo.trainers.trl_worker", spec.spec_uri]
+    assert spec.total_steps == 4 and spec.backend == "trl" and spec.run_id == RUN_ID
+    assert spec.env["TOKENIZERS_PARALLELISM"] == "false" and spec.env["OMP_NUM_THREADS"] == "2"
+    assert written["config"]["algorithm"]["train_batch_size"] == 4
+    assert written["store"] == {"uri": store.uri, "endpoint_url": None}
+    assert written["model_path"] == str(tiny_model_dir.resolve())
+    assert written["dataset"]["splits"]["train"].endswith("train.parquet")
+
+
+def test_missing_train_data_fails_with_a_typed_error(tmp_path, tiny_model_dir, data_mirror):
+    spec, store = plan_run(tmp_path, tiny_model_dir, data_mirror)
+    store.rm("datasets/gsm8k/it/train.parquet")
+    proc = run_worker(spec, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = json.loads((tmp_path / "work" / "error.json").read_text())
+    assert error["type"] == "DataError" and error["retryable"] is False
+    assert "train.parquet" in error["message"]
+    assert not (tmp_path / "work" / "result.json").exists()
+
+
+def test_rerunning_a_finished_run_publishes_without_training_further(uninterrupted):
+    root, spec, store, _proc = uninterrupted
+    before = final_weights(store)
+    proc = run_worker(spec, root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"run {RUN_ID} already reached step 4" in proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert CheckpointStore(store).steps(RUN_ID) == [2, 4]
+    assert TrainResult.model_validate_json((root / "work" / "result.json").read_text()).final_step == 4
+    assert [m["step"] for m in metrics_lines(root / "work" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+    import torch
+
+    after = final_weights(store)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_run_against_an_s3_store(s3_bucket, tmp_path, tiny_model_dir, data_mirror):
+    uri, endpoint = s3_bucket
+    store = Store(uri, endpoint)
+    cfg = load_config(overrides=[f"model.name={tiny_model_dir}", f"storage.uri={uri}", f"storage.endpoint_url={endpoint}",
+                                 *TRAIN_OVERRIDES, "algorithm.total_steps=2", "algorithm.save_freq=1",
+                                 "storage.keep_last=1"], env={})
+    dataset = write_gsm8k_split(store, data_mirror, N_PROMPTS)
+    cluster = Cluster(provider="local", name="it", workdir=str(tmp_path / "work"))
+    spec = get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster)
+    proc = run_worker(spec, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert CheckpointStore(store).steps(RUN_ID) == [2], "keep_last=1 prunes step 1 after step 2 commits"
+    result = TrainResult.model_validate_json(store.read_text("runs", RUN_ID, "train_result.json"))
+    assert result.final_step == 2 and result.model_uri == store.url("runs", RUN_ID, "model")
+    assert store.exists("runs", RUN_ID, "model", "model.safetensors")
+    assert [json.loads(x)["step"] for x in store.read_text("runs", RUN_ID, "metrics.jsonl").splitlines()] == [1, 2]

@@ -1,0 +1,100 @@
+"""Config loading: files, env knobs, overrides, unknown keys, validation messages, digest."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from verl_grpo.config import ENV_KNOBS, RunConfig, load_config
+from verl_grpo.errors import ConfigError
+
+
+def test_shipped_profiles_load_and_merge_in_order():
+    cfg = load_config(["gsm8k", "local"], env={})
+    assert cfg.dataset.name == "gsm8k"
+    assert cfg.algorithm.rollouts == 4  # local overrides gsm8k's 8
+    assert cfg.algorithm.clip_low == 0.2 and cfg.algorithm.clip_high == 0.28
+    for name in ("math", "mbpp"):
+        assert load_config([name], env={}).dataset.name == name
+
+
+def test_precedence_file_then_env_then_override(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algorithm:\n  rollouts: 6\n  lr: 0.001\n")
+    cfg = load_config([f], ["algorithm.lr=0.5"], env={"ROLLOUTS": "12", "LR": "0.01", "MODEL_NAME": "tiny"})
+    assert cfg.algorithm.rollouts == 12
+    assert cfg.algorithm.lr == 0.5
+    assert cfg.model.name == "tiny"
+
+
+def test_every_env_knob_maps_to_a_real_field():
+    values = {"MODEL_NAME": "tiny", "TOTAL_STEPS": "3", "TRAIN_BATCH_SIZE": "5", "ROLLOUTS": "3", "CLIP_LOW": "0.1",
+              "CLIP_HIGH": "0.3", "LR": "2e-5", "TEMPERATURE": "0.7", "TOP_P": "0.9", "TOP_K": "20"}
+    assert set(values) == set(ENV_KNOBS)
+    flat = load_config([], env=values).flat()
+    assert flat["algorithm.total_steps"] == 3 and flat["algorithm.top_k"] == 20 and flat["algorithm.lr"] == 2e-5
+
+
+def test_unknown_override_names_nearest_key():
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.rollouts'"):
+        load_config(["gsm8k"], ["algorithm.rolouts=8"], env={})
+
+
+def test_unknown_file_key_names_nearest_key(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("algorithm:\n  clip_hgh: 0.3\n")
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.clip_high'"):
+        load_config([f], env={})
+    f.write_text("algorthm:\n  rollouts: 3\n")
+    with pytest.raises(ConfigError, match="did you mean 'algorithm'"):
+        load_config([f], env={})
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ConfigError, match="algorithm.rollouts"):
+        load_config([], ["algorithm.rollouts=1"], env={})
+    with pytest.raises(ConfigError, match="clip_high"):
+        load_config([], ["algorithm.clip_high=0.1"], env={})
+    with pytest.raises(ConfigError, match="storage.uri"):
+        load_config([], ["storage.uri=/no/scheme"], env={})
+    with pytest.raises(ConfigError, match="dataset.name"):
+        load_config([], ["dataset.name=cifar"], env={})
+    with pytest.raises(ConfigError, match="algorithm.lr"):
+        load_config([], env={"LR": "fast"})
+
+
+def test_malformed_override_and_missing_file():
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        load_config([], ["algorithm.rollouts"], env={})
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(["no-such-profile"], env={})
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config([], ["algorithm.rollouts.x=1"], env={})
+
+
+def test_digest_is_stable_and_sensitive():
+    a, b = load_config(["gsm8k"], env={}), load_config(["gsm8k"], env={})
+    assert a.digest() == b.digest()
+    assert load_config(["gsm8k"], ["algorithm.lr=1e-5"], env={}).digest() != a.digest()
+
+
+def test_resolved_yaml_roundtrips():
+    cfg = load_config(["mbpp", "local"], env={})
+    assert RunConfig.model_validate(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_every_field_has_a_docstring():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+            sub = field.annotation
+            if isinstance(sub, type) and hasattr(sub, "model_fields"):
+                walk(sub)
+
+    walk(RunConfig)
+
+
+def test_names_derive_from_dataset():
+    cfg = load_config(["math"], env={})
+    assert cfg.experiment_name == "verl-grpo/math"
+    assert cfg.registered_model_name == "verl-grpo-math"

@@ -1,0 +1,40 @@
+import pytest
+
+from verl_grpo.config import RunConfig
+from verl_grpo.errors import ConfigError
+from verl_grpo.registry.secrets import assert_no_secrets, is_secret_key
+from verl_grpo.registry.tracking import metric_name
+
+
+@pytest.mark.parametrize("key", ["hf_token", "x.wandb_api_key", "aws_secret_access_key", "password", "key",
+                                 "github-token", "db.credentials", "access_key"])
+def test_credential_names_are_secret(key):
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize("key", ["eval.settings_key", "eval.max_new_tokens", "storage.keep_last", "algorithm.top_k",
+                                 "model_key", "tokenizer"])
+def test_ordinary_names_are_not(key):
+    assert not is_secret_key(key)
+
+
+def test_no_config_field_looks_secret():
+    assert_no_secrets(RunConfig().flat(), "config")
+
+
+def test_secret_names_with_values_are_refused_and_empty_ones_allowed():
+    assert_no_secrets({"hf_token": "", "api_key": None}, "tags")
+    with pytest.raises(ConfigError, match="'hf_token' looks like a secret"):
+        assert_no_secrets({"hf_token": "abc"}, "tags")
+
+
+@pytest.mark.parametrize("value", ["AKIAABCDEFGHIJKLMNOP", "hf_" + "a" * 34, "s3://user:pw@host/bucket"])
+def test_credential_looking_values_are_refused(value):
+    with pytest.raises(ConfigError, match="looks like a credential"):
+        assert_no_secrets({"note": value}, "tags")
+
+
+def test_metric_names_are_made_valid_for_mlflow():
+    assert metric_name("eval/pass@4") == "eval/pass_at_4"
+    assert metric_name("reward/strict_format") == "reward/strict_format"
+    assert metric_name("a(b)") == "a_b_"

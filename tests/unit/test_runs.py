@@ -1,0 +1,56 @@
+"""Run identity: names, resume of unfinished runs with the same config, refusal of a mismatched run id."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from verl_grpo import runs
+from verl_grpo.config import load_config
+from verl_grpo.errors import ConfigError
+from verl_grpo.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(f"file://{tmp_path / 'store'}")
+
+
+def test_run_name_format():
+    cfg = load_config(["gsm8k"], env={})
+    when = datetime(2026, 11, 22, 2, 0, tzinfo=timezone.utc)
+    assert runs.run_name(cfg, when) == "gsm8k-smollm2-135m-20261122-0200"
+
+
+def test_unfinished_run_with_same_config_is_resumed(store):
+    cfg = load_config(["gsm8k"], env={})
+    first, resumed = runs.begin_run(store, cfg, None)
+    assert not resumed
+    assert store.read_text("runs", first, "config.yaml") == cfg.to_yaml()
+    again, resumed = runs.begin_run(store, cfg, None)
+    assert (again, resumed) == (first, True)
+    runs.mark_run(store, first, "completed")
+    third, resumed = runs.begin_run(store, cfg, None)
+    assert third != first and not resumed
+
+
+def test_different_config_starts_a_new_run(store):
+    first, _ = runs.begin_run(store, load_config(["gsm8k"], env={}), None)
+    other, resumed = runs.begin_run(store, load_config(["gsm8k"], ["algorithm.lr=0.1"], env={}), None)
+    assert other != first and not resumed
+
+
+def test_fresh_never_resumes(store):
+    cfg = load_config(["gsm8k"], env={})
+    first, _ = runs.begin_run(store, cfg, None)
+    second, resumed = runs.begin_run(store, cfg, None, resume=False)
+    assert second != first and not resumed
+
+
+def test_explicit_run_id_with_other_config_is_refused(store):
+    runs.begin_run(store, load_config(["gsm8k"], env={}), "nightly-1")
+    with pytest.raises(ConfigError, match="different config"):
+        runs.begin_run(store, load_config(["gsm8k"], ["algorithm.lr=0.1"], env={}), "nightly-1")
+    with pytest.raises(ConfigError, match="run_id"):
+        runs.begin_run(store, load_config(["gsm8k"], env={}), "bad id/../x")

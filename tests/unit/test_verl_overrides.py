@@ -1,0 +1,97 @@
+"""verl_overrides: the pure RunConfig → verl main_ppo Hydra override mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_grpo.config import load_config
+from verl_grpo.errors import ConfigError
+from verl_grpo.trainers.verl_backend import VerlPaths, gpus_per_node, verl_overrides
+
+FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
+PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
+
+
+def _cfg(*overrides: str):
+    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8", *overrides])
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in overrides)
+
+
+def test_maps_grpo_settings_to_verl_keys():
+    cfg = _cfg("algorithm.rollouts=8", "algorithm.clip_low=0.2", "algorithm.clip_high=0.28", "algorithm.kl_coef=0.01",
+               "algorithm.loss_agg_mode=seq-mean-token-mean", "infra.nodes=2", "verl.rollout_engine=sglang",
+               "verl.lora_rank=16", "verl.lora_alpha=32", "verl.ppo_mini_batch_size=4")
+    o = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={}))
+    assert o["algorithm.adv_estimator"] == "grpo"
+    assert o["actor_rollout_ref.rollout.n"] == "8"
+    assert o["actor_rollout_ref.actor.clip_ratio_low"] == "0.2"
+    assert o["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
+    assert o["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
+    assert o["actor_rollout_ref.actor.use_kl_loss"] == "True"
+    assert o["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
+    assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+    assert o["actor_rollout_ref.rollout.name"] == "sglang"
+    assert o["actor_rollout_ref.model.lora_rank"] == "16" and o["actor_rollout_ref.model.lora_alpha"] == "32"
+    assert o["data.train_files"] == "/w/train.parquet" and o["data.val_files"] == "/w/val.parquet"
+    assert o["trainer.nnodes"] == "2" and o["trainer.n_gpus_per_node"] == "8"
+    assert o["trainer.resume_mode"] == "auto"
+    assert o["trainer.default_local_dir"] == "/w/checkpoints/r1"
+    assert o["trainer.checkpoint_callback_class"] == "verl_grpo.trainers.verl_checkpoints.StoreCheckpointCallback"
+    assert o["reward.custom_reward_function.path"] == "pkg://verl_grpo.rewards"
+    assert o["reward.custom_reward_function.name"] == "compute_score"
+    assert o["actor_rollout_ref.model.path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "critic.enable" not in o
+
+
+def test_wandb_logger_only_with_key_and_key_never_in_overrides():
+    cfg = _cfg()
+    without = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={}))
+    assert without["trainer.logger"] == "[console,mlflow,file]"
+    with_key = verl_overrides(cfg, FILES, PATHS, "r1", env={"WANDB_API_KEY": "sekret-123"})
+    assert _as_dict(with_key)["trainer.logger"] == "[console,mlflow,file,wandb]"
+    assert not any("sekret-123" in o for o in with_key)
+
+
+def test_gae_adds_a_critic_and_megatron_switches_engine():
+    o = _as_dict(verl_overrides(_cfg("verl.adv_estimator=gae", "verl.strategy=fsdp"), FILES, PATHS, "r1", env={}))
+    assert o["critic.enable"] == "True" and o["critic.strategy"] == "fsdp"
+    assert o["critic.model.path"] == o["actor_rollout_ref.model.path"]
+    m = _as_dict(verl_overrides(_cfg("verl.strategy=megatron", "verl.megatron_tp=2"), FILES, PATHS, "r1", env={}))
+    assert m["model_engine"] == "megatron"
+    assert m["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"] == "2"
+    assert "actor_rollout_ref.actor.strategy" not in m
+
+
+def test_user_overrides_pass_through_last():
+    cfg = _cfg()
+    cfg.verl.extra_overrides = ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.test_freq=10"]
+    out = verl_overrides(cfg, FILES, PATHS, "r1", env={})
+    assert out[-2:] == cfg.verl.extra_overrides
+
+
+@pytest.mark.parametrize(
+    ("overrides", "files", "fragment"),
+    [
+        (["model.name=tiny"], FILES, "model.name 'tiny'"),
+        (["verl.ppo_mini_batch_size=16"], FILES, "verl.ppo_mini_batch_size (16)"),
+        ([], {"train": "/w/train.parquet"}, "val parquet"),
+    ],
+)
+def test_bad_settings_name_the_field(overrides, files, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        verl_overrides(_cfg(*overrides), files, PATHS, "r1", env={})
+
+
+@pytest.mark.parametrize(("spec", "n"), [("H100:8", 8), ("A100", 1), ("L4:2", 2)])
+def test_gpus_per_node_from_accelerators(spec, n):
+    assert gpus_per_node(_cfg(f"infra.accelerators={spec}")) == n
+
+
+def test_gpus_per_node_rejects_fractions_and_missing():
+    with pytest.raises(ConfigError, match="whole GPUs"):
+        gpus_per_node(_cfg("infra.accelerators=H100:0.5"))
+    with pytest.raises(ConfigError, match="infra.accelerators is not set"):
+        gpus_per_node(load_config([], ["trainer.backend=verl"]))

@@ -1,0 +1,255 @@
+"""`verl-grpo` command line: run the whole flow, or one step at a time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from verl_grpo.errors import ConfigError, DataError, VerlGrpoError
+
+_CONFIG_HELP = "Config file or shipped profile (gsm8k, math, mbpp, local); repeat to merge in order."
+_OVERRIDE_HELP = "Dotted override applied last, e.g. -o algorithm.rollouts=8; repeatable."
+
+
+def _config_options(fn: Callable) -> Callable:
+    fn = click.option("-o", "--override", "overrides", multiple=True, help=_OVERRIDE_HELP)(fn)
+    return click.option("-c", "--config", "configs", multiple=True, help=_CONFIG_HELP)(fn)
+
+
+def _user_errors(fn: Callable) -> Callable:
+    """Our own errors become a one-paragraph message and exit code 2 (config/data) or 1 (other)."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except VerlGrpoError as e:
+            click.secho(f"error ({type(e).__name__}): {e}", fg="red", err=True)
+            sys.exit(2 if isinstance(e, (ConfigError, DataError)) else 1)
+
+    return wrapper
+
+
+def _configs(configs: tuple[str, ...]) -> list[str]:
+    return list(configs) or ["gsm8k"]
+
+
+def _load(configs: tuple[str, ...], overrides: tuple[str, ...]):
+    from verl_grpo.config import load_config
+
+    return load_config(_configs(configs), list(overrides))
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=1, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """GRPO post-training pipeline: prepare → provision → train → evaluate → register."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("verl_grpo").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+@main.command()
+@_config_options
+@click.option("--run-id", default=None, help="Resume this run id (default: resume an unfinished run with the same config, else start one).")
+@click.option("--fresh", is_flag=True, help="Start a new run even if an unfinished one with the same config exists.")
+@_user_errors
+def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None, fresh: bool) -> None:
+    """Run the whole `verl-grpo` Prefect flow (ephemeral Prefect unless PREFECT_API_URL is set)."""
+    cfg = _load(configs, overrides)  # fail on a bad config before Prefect starts
+    if fresh and not run_id:
+        from verl_grpo import runs
+        from verl_grpo.store import Store
+
+        run_id = runs.new_run_id(cfg, Store.from_config(cfg.storage))
+    os.environ.setdefault("PREFECT_HOME", str(_state_prefect_home()))
+    from flows.verl_grpo import verl_grpo
+
+    summary = verl_grpo(config=_configs(configs), overrides=list(overrides), run_id=run_id)
+    _print_where_to_look(summary, cfg)
+
+
+def _print_where_to_look(summary: dict, cfg) -> None:
+    click.echo("")
+    click.secho("verl-grpo run finished", fg="green", bold=True)
+    delta = summary.get("delta")
+    click.echo(f"  eval accuracy     {summary['accuracy']:.4f} on {summary['eval_split']}"
+               f" (base {summary['base_accuracy']:.4f}, delta {delta:+.4f})")
+    click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  ({summary['decision']})")
+    click.echo(f"  checkpoint        {summary['checkpoint']}")
+    click.echo(f"  final model       {summary['model_uri']}")
+    click.echo(f"  run id            {summary['run_id']}  (config digest {summary['config_digest']})")
+    click.echo(f"  MLflow UI         mlflow ui --backend-store-uri {cfg.tracking.mlflow_uri} --host 127.0.0.1 --port 5000")
+
+
+@main.command()
+@_config_options
+@_user_errors
+def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
+    """Check a config and its inputs (data, model, store, tracking, trainer mapping) without running anything."""
+    from verl_grpo.validate import validate_run
+
+    cfg = _load(configs, overrides)
+    checks = validate_run(cfg)
+    for check in checks:
+        click.echo(f"  [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        raise ConfigError(f"checks failed: {', '.join(failed)}")
+    click.echo(f"config OK (digest {cfg.digest()})")
+
+
+@main.command()
+@_config_options
+@click.option("--dataset", default=None, help="Shortcut for -o dataset.name=NAME (gsm8k, math, mbpp).")
+@_user_errors
+def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str | None) -> None:
+    """Prepare verl-format parquet in the store and print its manifest."""
+    from verl_grpo import pipeline
+    from verl_grpo.store import Store
+
+    if dataset:
+        overrides = (*overrides, f"dataset.name={dataset}")
+    if dataset and not configs:
+        configs = (dataset,)
+    cfg = _load(configs, overrides)
+    version = pipeline.prepare(cfg)
+    store = Store.from_config(cfg.storage)
+    click.echo(store.read_text(version.uri[len(store.uri) + 1 :], "manifest.json"))
+
+
+@main.command()
+@_config_options
+@click.option("--run-id", default=None, help="Resume this run id.")
+@_user_errors
+def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None) -> None:
+    """Prepare (cached), provision, train and tear down, without Prefect; prints the TrainResult."""
+    from verl_grpo import pipeline
+
+    run = pipeline.resolve(_configs(configs), list(overrides), run_id)
+    dataset = pipeline.prepare(run.cfg)
+    cluster = pipeline.provision(run.cfg, run.run_id)
+    try:
+        result = pipeline.train(run.cfg, dataset, cluster, run.run_id, on_line=click.echo)
+    finally:
+        pipeline.teardown(run.cfg, cluster)
+    click.echo(result.model_dump_json(indent=1))
+
+
+@main.command()
+@_config_options
+@click.option("--model", "model_uri", default=None, help="Model dir or store URI to evaluate (default: the base model).")
+@click.option("--run-id", default=None, help="Evaluate this run's final model.")
+@_user_errors
+def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: str | None, run_id: str | None) -> None:
+    """Held-out evaluation; prints the metrics."""
+    from verl_grpo import pipeline
+
+    cfg = _load(configs, overrides)
+    dataset = pipeline.prepare(cfg)
+    if run_id:
+        result = _stored_train_result(cfg, run_id)
+        report = pipeline.evaluate(cfg, model_uri or result.model_uri, dataset, run_id)
+    elif model_uri:
+        from verl_grpo.evaluate import evaluate_model
+        from verl_grpo.store import Store
+
+        report = evaluate_model(cfg, model_uri, dataset, Store.from_config(cfg.storage))
+    else:
+        report = pipeline.evaluate_base(cfg, dataset)
+    _echo_json(report.model_dump())
+
+
+@main.command()
+@_config_options
+@click.option("--run-id", required=True, help="The trained and evaluated run to register.")
+@_user_errors
+def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) -> None:
+    """Register a trained, evaluated run in MLflow (idempotent); prints the model version."""
+    from verl_grpo import pipeline
+    from verl_grpo.contracts import EvalReport
+    from verl_grpo.store import Store, run_dir
+
+    cfg = _load(configs, overrides)
+    store = Store.from_config(cfg.storage)
+    dataset = pipeline.prepare(cfg)
+    result = _stored_train_result(cfg, run_id)
+    try:
+        report = EvalReport.model_validate_json(store.read_text(run_dir(run_id), "eval", f"{cfg.eval.split}.json"))
+    except FileNotFoundError:
+        raise ConfigError(f"run {run_id} has no eval report for split {cfg.eval.split}; run `verl-grpo evaluate --run-id {run_id}` first") from None
+    base = pipeline.evaluate_base(cfg, dataset)
+    version = pipeline.register(cfg, run_id, dataset, result, report, base)
+    _echo_json(version.model_dump())
+
+
+def _stored_train_result(cfg, run_id: str):
+    from verl_grpo.contracts import TrainResult
+    from verl_grpo.store import Store, run_dir
+
+    store = Store.from_config(cfg.storage)
+    try:
+        return TrainResult.model_validate_json(store.read_text(run_dir(run_id), "train_result.json"))
+    except FileNotFoundError:
+        raise ConfigError(f"run {run_id} has no finished training in {store.uri}; check --run-id or run `verl-grpo train`") from None
+
+
+@main.command()
+@_config_options
+@click.option("--provider", type=click.Choice(["skypilot", "local"]), default="skypilot", show_default=True,
+              help="Where to train; skypilot implies trainer.backend=verl.")
+@click.option("--dry-run", is_flag=True, help="Run every offline check, print the task YAML(s) and a cost estimate; launch nothing.")
+@click.option("--cluster", default=None, help="Run the next training round on this existing SkyPilot cluster (sky exec).")
+@_user_errors
+def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, dry_run: bool,
+           cluster: str | None) -> None:
+    """Train on cloud GPUs with SkyPilot (verl backend); every check runs before anything is spent."""
+    overrides = (*overrides, f"infra.provider={provider}", *([f"skypilot.cluster={cluster}"] if cluster else []))
+    if provider == "skypilot":
+        overrides = ("trainer.backend=verl", *overrides)
+    cfg = _load(configs, overrides)
+    if provider == "skypilot":
+        from verl_grpo.providers.skypilot.dry_run import dry_run as sky_dry_run
+
+        click.echo(sky_dry_run(cfg).render())
+    if dry_run:
+        return
+    os.environ.setdefault("PREFECT_HOME", str(_state_prefect_home()))
+    from flows.verl_grpo import verl_grpo
+
+    summary = verl_grpo(config=_configs(configs), overrides=list(overrides))
+    _print_where_to_look(summary, cfg)
+
+
+def _state_prefect_home() -> Path:
+    from verl_grpo.paths import state_dir
+
+    return state_dir() / "prefect"
+
+
+@main.command()
+@click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp"]), help="Which scorer to use.")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_user_errors
+def score(dataset: str, file: Path) -> None:
+    """Score responses by hand: each JSONL line {solution_str, ground_truth[, extra_info]} → the line plus its score dict."""
+    from verl_grpo.rewards.score_file import score_file
+
+    for entry in score_file(dataset, file):
+        click.echo(json.dumps(entry, default=str))
+
+
+if __name__ == "__main__":
+    main()

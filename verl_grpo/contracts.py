@@ -1,0 +1,115 @@
+"""Small, serialisable objects passed between pipeline steps (URIs, not tensors)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetVersion(_Record):
+    """A prepared, content-hashed dataset in the store."""
+
+    name: str
+    hash: str
+    uri: str
+    """Directory `{store}/datasets/{name}/{hash}`."""
+    splits: dict[str, str]
+    """Split name (train/val/test) → parquet URI."""
+    counts: dict[str, int]
+    """Split name → accepted rows."""
+    rejected: int = 0
+    """Rows quarantined in rejected.parquet."""
+    source: str = ""
+    """Where the raw data came from (mirror path or hub id)."""
+
+
+class CheckpointRef(_Record):
+    """A complete checkpoint: its manifest exists and lists every file with size and sha256."""
+
+    run_id: str
+    step: int
+    uri: str
+    """Directory `{store}/runs/{run_id}/checkpoints/global_step_{step}`."""
+
+
+class Cluster(_Record):
+    """Compute a provider brought up for one run."""
+
+    provider: str
+    name: str
+    workdir: str
+    """Working directory of the run on the cluster (local path for the local provider)."""
+    endpoints: dict[str, str] = Field(default_factory=dict)
+    """Service name → URL (reward-server, retrieval-server, ...)."""
+
+
+class TrainSpec(_Record):
+    """What to execute for training: produced by a Trainer's plan(), offline and side-effect free."""
+
+    backend: str
+    run_id: str
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    """Non-secret environment; secrets are injected by the provider from its own secret source."""
+    overrides: list[str] = Field(default_factory=list)
+    """Backend-level overrides (Hydra for verl), as passed on the command line."""
+    spec_uri: str = ""
+    """The written spec file the training process reads (the resolved config + inputs)."""
+    total_steps: int
+
+
+Phase = Literal["PENDING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED"]
+
+
+class Job(_Record):
+    """A submitted training job."""
+
+    provider: str
+    id: str
+    name: str
+    log_path: str = ""
+
+
+class JobState(_Record):
+    phase: Phase
+    recovery_count: int = 0
+    failure_reason: str | None = None
+    preempted: bool = False
+    """True when the job ended because its machines or process were taken away (resume will continue it)."""
+    error_type: str | None = None
+    """Name of the verl_grpo error class the training process reported (ConfigError, DataError, InfraError, ...)."""
+
+
+class TrainResult(_Record):
+    run_id: str
+    final_step: int
+    checkpoint: CheckpointRef | None
+    model_uri: str
+    """Final HF model directory in the store (`runs/{run_id}/model`)."""
+    metrics_uri: str
+    """JSONL of per-step training metrics."""
+    summary: dict[str, float] = Field(default_factory=dict)
+
+
+class EvalReport(_Record):
+    model_uri: str
+    split: str
+    n: int
+    metrics: dict[str, float]
+    table_uri: str
+    """Parquet with one row per problem (id, response, extracted answer, correct, components)."""
+    settings_key: str
+    """Hash of the eval settings (split, subset, generation params) used for caching and fair comparison."""
+
+
+class ModelVersion(_Record):
+    name: str
+    version: str
+    aliases: list[str] = Field(default_factory=list)
+    mlflow_run_id: str
+    decision: str = ""

@@ -1,0 +1,198 @@
+"""Raw data in: the local mirror (jsonl files, a tarball read in place) or the Hugging Face hub.
+
+Every reader returns `RawRecord`s that keep the original row text, so a row that fails validation
+later can be quarantined verbatim. A source's fingerprint (sha256 of its bytes) feeds the dataset hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from verl_grpo.config import DatasetConfig
+from verl_grpo.data.schema import Problem, RawRecord
+from verl_grpo.errors import DataError
+from verl_grpo.paths import data_mirror_dir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HubSplit:
+    """One `datasets.load_dataset(hub_id, config, split=split)` call, relabelled as `as_split`."""
+
+    hub_id: str
+    config: str | None
+    split: str
+    as_split: str
+
+
+@dataclass(frozen=True)
+class DatasetBuilder:
+    """What preparation needs to know about one dataset."""
+
+    name: str
+    ability: str
+    mirror_files: tuple[str, ...]
+    """Files (relative to the mirror dir) that must all exist for the mirror to count as present."""
+    read_mirror: Callable[[Path], list[RawRecord]]
+    hub_splits: Callable[[str | None], list[HubSplit]]
+    """Hub loads for an optional `dataset.hub_id` override."""
+    to_problem: Callable[[RawRecord], Problem]
+    """Validate one raw row (raises RowRejected) and assign its output split."""
+    extra_fields: list[tuple[str, pa.DataType]]
+    has_validation: bool
+    """True when the dataset ships a validation split; otherwise one is carved from train."""
+
+
+@dataclass(frozen=True)
+class RawSource:
+    description: str
+    """`mirror:<dir>` or `hub:<id>[,<id>...]`, recorded in the manifest and DatasetVersion.source."""
+    fingerprint: str
+    """sha256 of the raw bytes (mirror files) or of the canonical JSON rows (hub)."""
+    read_records: Callable[[], list[RawRecord]]
+    """Parse the rows; the mirror parses only when called, so a cache hit costs just the file hashes."""
+
+
+def resolve_mirror_dir(dcfg: DatasetConfig) -> Path:
+    """`dataset.mirror_dir`, else `<data mirror>/<name>`."""
+    if dcfg.mirror_dir:
+        return Path(dcfg.mirror_dir).expanduser().resolve()
+    return data_mirror_dir() / dcfg.name
+
+
+def load_raw(dcfg: DatasetConfig, builder: DatasetBuilder) -> RawSource:
+    """Read the raw rows from where `dataset.source` says, or raise DataError with the fix."""
+    mirror = resolve_mirror_dir(dcfg)
+    missing = [f for f in builder.mirror_files if not (mirror / f).is_file()]
+    if dcfg.source == "mirror" or (dcfg.source == "auto" and not missing):
+        if missing:
+            raise DataError(
+                f"dataset {dcfg.name}: dataset.mirror_dir {str(mirror)!r} lacks {', '.join(missing)}; point "
+                f"dataset.mirror_dir (or VERL_GRPO_DATA_MIRROR for the parent dir) at a copy of the data, "
+                f"or set dataset.source=hub on a machine with network access"
+            )
+        return read_mirror_source(mirror, builder)
+    try:
+        return read_hub_source(builder.hub_splits(dcfg.hub_id))
+    except Exception as e:  # the network boundary: any failure of datasets/huggingface_hub lands here
+        where = (
+            f"the mirror dataset.mirror_dir {str(mirror)!r} is missing {', '.join(missing)}"
+            if missing
+            else f"a mirror exists at {str(mirror)!r}"
+        )
+        raise DataError(
+            f"dataset {dcfg.name}: loading from the Hugging Face hub failed ({type(e).__name__}: {e}) and {where}; "
+            f"fix: set dataset.source=mirror with dataset.mirror_dir pointing at a copy holding "
+            f"{', '.join(builder.mirror_files)}, or run where the hub is reachable (dataset.source=hub)"
+        ) from e
+
+
+def read_mirror_source(mirror: Path, builder: DatasetBuilder) -> RawSource:
+    digest = hashlib.sha256()
+    for name in builder.mirror_files:
+        digest.update(name.encode() + b"\0")
+        digest.update(_file_sha256(mirror / name).encode())
+
+    def read_records() -> list[RawRecord]:
+        try:
+            return builder.read_mirror(mirror)
+        except (OSError, tarfile.TarError, EOFError) as e:
+            raise DataError(
+                f"dataset {builder.name}: cannot read the mirror at dataset.mirror_dir {str(mirror)!r} "
+                f"({type(e).__name__}: {e}); replace the damaged file with a good copy"
+            ) from e
+
+    return RawSource(description=f"mirror:{mirror}", fingerprint=digest.hexdigest(), read_records=read_records)
+
+
+def read_hub_source(splits: list[HubSplit]) -> RawSource:
+    import datasets  # heavy import, only on the hub path
+
+    records: list[RawRecord] = []
+    digest = hashlib.sha256()
+    for hs in splits:
+        ds = datasets.load_dataset(hs.hub_id, hs.config, split=hs.split)
+        logger.info("loaded %s rows of %s/%s split %s from the hub", len(ds), hs.hub_id, hs.config, hs.split)
+        start = sum(1 for r in records if r.split == hs.as_split)
+        for offset, row in enumerate(ds):
+            raw = json.dumps(row, sort_keys=True, default=str, ensure_ascii=False)
+            digest.update(raw.encode() + b"\n")
+            pos = start + offset
+            records.append(RawRecord(split=hs.as_split, position=pos, uid=f"{hs.as_split}/{pos}", raw=raw, data=row))
+    ids = ",".join(dict.fromkeys(f"{hs.hub_id}" + (f"/{hs.config}" if hs.config else "") for hs in splits))
+    return RawSource(description=f"hub:{ids}", fingerprint=digest.hexdigest(), read_records=lambda: records)
+
+
+def read_jsonl(path: Path, split: str) -> list[RawRecord]:
+    """One record per non-blank line; a line that is not valid UTF-8 JSON becomes a record with `error` set."""
+    records: list[RawRecord] = []
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            pos = len(records)
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            data, error = _parse_json(line)
+            records.append(RawRecord(split=split, position=pos, uid=f"{split}/{pos}", raw=text, data=data, error=error))
+    return records
+
+
+def read_tar_json(path: Path, split: str) -> list[RawRecord]:
+    """One record per `.json` member of a (gzip) tarball, in sorted member order, read without extraction.
+
+    The uid is the member path without the tarball's top directory (`train/algebra/1.json` style
+    when the top directory is dropped and `split` prefixed).
+    """
+    records: list[RawRecord] = []
+    with tarfile.open(path, "r:*") as tar:
+        members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")), key=_member_key)
+        for pos, member in enumerate(members):
+            fileobj = tar.extractfile(member)
+            blob = fileobj.read() if fileobj is not None else b""
+            data, error = _parse_json(blob)
+            rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
+            records.append(
+                RawRecord(
+                    split=split,
+                    position=pos,
+                    uid=f"{split}/{rel}",
+                    raw=blob.decode("utf-8", errors="replace"),
+                    data=data,
+                    error=error,
+                )
+            )
+    return records
+
+
+def _member_key(member: tarfile.TarInfo) -> tuple[str, int, str]:
+    """Sort `dir/12.json` before `dir/100.json` (numeric stems), so the order is the natural one."""
+    head, _, tail = member.name.rpartition("/")
+    stem = tail.removesuffix(".json")
+    return (head, int(stem) if stem.isdigit() else -1, tail)
+
+
+def _parse_json(blob: bytes) -> tuple[Any, str | None]:
+    try:
+        return json.loads(blob.decode("utf-8")), None
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8: {e}"
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON: {e}"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

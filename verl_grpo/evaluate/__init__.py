@@ -1,0 +1,5 @@
+"""Held-out evaluation: batched greedy generation on CPU, rule-based scoring, cached base-model results."""
+
+from verl_grpo.evaluate.runner import EvalPlan, evaluate_cached, evaluate_model, plan_eval, score_problems
+
+__all__ = ["EvalPlan", "evaluate_cached", "evaluate_model", "plan_eval", "score_problems"]

@@ -1,0 +1,25 @@
+"""The response format every prompt asks for and every scorer checks: reasoning, then one answer block."""
+
+from __future__ import annotations
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+
+_MATH_SYSTEM = (
+    "You are a careful problem solver. First reason step by step inside <think> </think>. "
+    "Then give only the final answer inside <answer> </answer>{answer_hint}, and write nothing after it."
+)
+
+SYSTEM_PROMPTS: dict[str, str] = {
+    "gsm8k": _MATH_SYSTEM.format(answer_hint=" as a plain number"),
+    "math": _MATH_SYSTEM.format(answer_hint=" in simplest LaTeX form, e.g. <answer>\\frac{1}{2}</answer>"),
+    "mbpp": (
+        "You are an expert Python programmer. First reason briefly inside <think> </think>. "
+        "Then give the complete solution inside <answer> </answer> as one ```python code block that defines "
+        "the requested function, and write nothing after it."
+    ),
+}
+
+
+def default_system_prompt(dataset: str) -> str:
+    return SYSTEM_PROMPTS[dataset]

@@ -1,0 +1,177 @@
+"""The pipeline's steps as plain functions: each Prefect task in tasks/ wraps exactly one of these.
+
+Every step takes and returns small serialisable objects (configs, URIs, records) so a step can run in
+another process or be retried alone. `run_pipeline` chains them without Prefect (benchmarks, debugging).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from verl_grpo import runs
+from verl_grpo.config import RunConfig, load_config
+from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.errors import Preempted, error_class
+from verl_grpo.store import Store, run_dir
+
+log = logging.getLogger(__name__)
+
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    cfg: RunConfig
+    run_id: str
+    resumed: bool
+
+
+def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
+            resume: bool = True) -> ResolvedRun:
+    """Load and validate the config, pick the run id, and store the run's resolved config."""
+    cfg = load_config(config_files, overrides)
+    store = Store.from_config(cfg.storage)
+    run_id, resumed = runs.begin_run(store, cfg, run_id, resume=resume)
+    return ResolvedRun(cfg=cfg, run_id=run_id, resumed=resumed)
+
+
+def prepare(cfg: RunConfig) -> DatasetVersion:
+    """Prepare (or find cached) verl-format parquet for cfg.dataset, prompts measured by the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from verl_grpo.data import prepare_dataset
+    from verl_grpo.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(cfg.model.name)))
+    return prepare_dataset(cfg, Store.from_config(cfg.storage), tokenizer=tokenizer)
+
+
+def provision(cfg: RunConfig, run_id: str) -> Cluster:
+    from verl_grpo.providers import get_provider
+
+    return get_provider(cfg.infra.provider).up(cfg, run_id)
+
+
+def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str,
+          on_line: LineSink | None = None) -> TrainResult:
+    """Plan the backend's command, run it on the cluster, stream its log; resumes from the latest checkpoint.
+
+    Raises Preempted when the job's process or machines were taken away (a retry resumes), TrainingError
+    when the training code failed.
+    """
+    from verl_grpo.providers import get_provider
+    from verl_grpo.trainers import get_trainer
+
+    store = Store.from_config(cfg.storage)
+    spec = get_trainer(cfg.trainer.backend).plan(cfg, dataset, store, run_id, cluster)
+    provider = get_provider(cfg.infra.provider)
+    job = provider.submit(cluster, spec)
+    sink = on_line or log.info
+    try:
+        for line in provider.logs(job, follow=True):
+            sink(line)
+    except BaseException:
+        provider.cancel(job)
+        raise
+    state = provider.status(job)
+    if state.phase == "SUCCEEDED":
+        return TrainResult.model_validate_json(store.read_text(run_dir(run_id), "train_result.json"))
+    if state.preempted:
+        raise Preempted(f"run {run_id}: {state.failure_reason}; a retry resumes from the last committed checkpoint")
+    raise error_class(state.error_type)(f"run {run_id}: training failed ({state.phase}): {state.failure_reason}")
+
+
+def evaluate(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: str,
+             progress: Callable[[int, int], None] | None = None) -> EvalReport:
+    """Held-out evaluation of the trained model; the report is stored beside the run."""
+    from verl_grpo.evaluate import evaluate_model
+
+    store = Store.from_config(cfg.storage)
+    report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress)
+    store.write_text(report.model_dump_json(indent=1), run_dir(run_id), "eval", f"{report.split}.json")
+    return report
+
+
+def evaluate_base(cfg: RunConfig, dataset: DatasetVersion,
+                  progress: Callable[[int, int], None] | None = None) -> EvalReport:
+    """The base model's eval on the same split and settings, cached across runs (nightly retrains reuse it)."""
+    from verl_grpo.evaluate import evaluate_cached
+    from verl_grpo.models import resolve_model
+
+    store = Store.from_config(cfg.storage)
+    return evaluate_cached(cfg, str(resolve_model(cfg.model.name)), dataset, store, progress=progress)
+
+
+def register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
+             base_report: EvalReport | None, tags: dict[str, str] | None = None) -> ModelVersion:
+    from verl_grpo.registry import register_run
+
+    store = Store.from_config(cfg.storage)
+    version = register_run(cfg, run_id=run_id, dataset=dataset, train=result, report=report,
+                           base_report=base_report, store=store, tags=tags or {})
+    runs.mark_run(store, run_id, "completed", model_version=version.version, model_name=version.name)
+    return version
+
+
+def teardown(cfg: RunConfig, cluster: Cluster) -> None:
+    from verl_grpo.providers import get_provider
+
+    get_provider(cfg.infra.provider).down(cluster)
+
+
+def mark_failed(cfg: RunConfig, run_id: str, error: BaseException) -> None:
+    runs.mark_run(Store.from_config(cfg.storage), run_id, "failed", error=f"{type(error).__name__}: {error}")
+
+
+@dataclass(frozen=True)
+class PipelineOutcome:
+    run_id: str
+    dataset: DatasetVersion
+    train: TrainResult
+    report: EvalReport
+    base_report: EvalReport
+    version: ModelVersion
+    seconds: float
+
+    def summary(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "dataset_hash": self.dataset.hash,
+            "steps": self.train.final_step,
+            "accuracy": self.report.metrics.get("accuracy"),
+            "base_accuracy": self.base_report.metrics.get("accuracy"),
+            "model": f"{self.version.name} v{self.version.version}",
+            "aliases": self.version.aliases,
+            "decision": self.version.decision,
+            "checkpoint": self.train.checkpoint.uri if self.train.checkpoint else None,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def run_pipeline(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
+                 on_line: LineSink | None = None) -> PipelineOutcome:
+    """The whole pipeline in plain Python (the Prefect flow is the same chain with tasks around each step)."""
+    start = time.monotonic()
+    run = resolve(config_files, overrides, run_id)
+    cfg = run.cfg
+    dataset = prepare(cfg)
+    cluster = provision(cfg, run.run_id)
+    try:
+        result = train(cfg, dataset, cluster, run.run_id, on_line=on_line)
+        base = evaluate_base(cfg, dataset)
+        report = evaluate(cfg, result.model_uri, dataset, run.run_id)
+        version = register(cfg, run.run_id, dataset, result, report, base)
+    except BaseException as e:
+        mark_failed(cfg, run.run_id, e)
+        raise
+    finally:
+        teardown(cfg, cluster)
+    return PipelineOutcome(run.run_id, dataset, result, report, base, version, time.monotonic() - start)
+
+
+def describe(outcome: PipelineOutcome) -> str:
+    return json.dumps(outcome.summary(), indent=1)

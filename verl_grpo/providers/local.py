@@ -1,0 +1,185 @@
+"""The `local` provider: training runs as a process on this machine, in a per-run work dir.
+
+A job is one process group. Its pid and command are recorded in the work dir so a retried step (or a
+re-run of the CLI) reattaches to a live job instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
+from verl_grpo.paths import state_dir
+
+_JOB_FILE = "job.json"
+_LOG_FILE = "train.log"
+_TAIL_LINES = 30
+_PR_SET_PDEATHSIG = 1
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self, root: Path | None = None, cancel_grace_s: float = 30.0):
+        self.root = Path(root) if root else state_dir() / "work"
+        self.cancel_grace_s = cancel_grace_s
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def up(self, cfg: RunConfig, run_id: str) -> Cluster:
+        workdir = self.root / run_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        return Cluster(provider=self.name, name=f"local-{run_id}", workdir=str(workdir))
+
+    def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:
+        workdir = Path(cluster.workdir)
+        name = f"verl-grpo-{spec.run_id}"
+        live = self._live_job(workdir)
+        if live is not None:
+            return live
+        log_path = workdir / _LOG_FILE
+        env = {**os.environ, **spec.env}
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                spec.command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        self._children[proc.pid] = proc
+        (workdir / _JOB_FILE).write_text(json.dumps({"pid": proc.pid, "name": name, "command": spec.command}))
+        return Job(provider=self.name, id=str(proc.pid), name=name, log_path=str(log_path))
+
+    def status(self, job: Job) -> JobState:
+        pid = int(job.id)
+        child = self._children.get(pid)
+        if child is not None:
+            code = child.poll()
+            if code is None:
+                return JobState(phase="RUNNING")
+            return self._finished(job, code)
+        if _pid_alive(pid):
+            return JobState(phase="RUNNING")
+        # Reattached process that is gone: its exit code is unknowable; the worker's result file tells success.
+        result = Path(job.log_path).parent / "result.json"
+        return JobState(phase="SUCCEEDED") if result.is_file() else self._finished(job, -signal.SIGKILL)
+
+    def logs(self, job: Job, follow: bool = False) -> Iterator[str]:
+        path = Path(job.log_path)
+        while not path.exists():
+            if not follow or self.status(job).phase != "RUNNING":
+                return
+            time.sleep(0.2)
+        with open(path, errors="replace") as f:
+            while True:
+                line = f.readline()
+                if line:
+                    yield line.rstrip("\n")
+                    continue
+                if not follow or self.status(job).phase != "RUNNING":
+                    yield from (rest.rstrip("\n") for rest in f.readlines())
+                    return
+                time.sleep(0.2)
+
+    def cancel(self, job: Job) -> None:
+        pid = int(job.id)
+        if not _pid_alive(pid) and pid not in self._children:
+            return
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cancel_grace_s
+        while time.monotonic() < deadline and self.status(job).phase == "RUNNING":
+            time.sleep(0.2)
+        if self.status(job).phase == "RUNNING":
+            _signal_group(pid, signal.SIGKILL)
+            self._reap(pid)
+
+    def down(self, cluster: Cluster) -> None:
+        job = self._live_job(Path(cluster.workdir))
+        if job is not None:
+            self.cancel(job)
+
+    def _live_job(self, workdir: Path) -> Job | None:
+        record = workdir / _JOB_FILE
+        if not record.is_file():
+            return None
+        data = json.loads(record.read_text())
+        pid = int(data["pid"])
+        if not (_pid_alive(pid) and _cmdline_matches(pid, data["command"])):
+            return None
+        return Job(provider=self.name, id=str(pid), name=data["name"], log_path=str(workdir / _LOG_FILE))
+
+    def _finished(self, job: Job, code: int) -> JobState:
+        if code == 0:
+            return JobState(phase="SUCCEEDED")
+        if code < 0 or code in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
+            sig = -code if code < 0 else code - 128
+            return JobState(
+                phase="FAILED",
+                preempted=True,
+                failure_reason=f"training process was killed by signal {signal.Signals(sig).name}",
+            )
+        reported = _reported_error(Path(job.log_path).parent)
+        reason = f"exit code {code}: {reported['message']}" if reported else f"exit code {code}"
+        return JobState(phase="FAILED", failure_reason=f"{reason}\n{_tail(Path(job.log_path))}",
+                        error_type=reported.get("type") if reported else None)
+
+    def _reap(self, pid: int) -> None:
+        child = self._children.get(pid)
+        if child is not None:
+            child.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    """Local jobs live only as long as the process that orchestrates them: killing `verl-grpo run`
+    must not leave an orphan trainer writing checkpoints that a re-run then races with."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline_matches(pid: int, command: list[str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[: len(command)] == [c.encode() for c in command]
+    except OSError:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reported_error(workdir: Path) -> dict | None:
+    """The training process's own account of its failure (`error.json`: type, message), if it wrote one."""
+    try:
+        return json.loads((workdir / "error.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    if not path.is_file():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,161 @@
+"""`verl-grpo launch --provider skypilot --dry-run`: every offline check, the YAML and a cost table; launches nothing.
+
+Checks, each with the tool's own message on failure (ConfigError): verl overrides against verl's Hydra
+config + validate_config, the SkyPilot YAML with SkyPilot's loaders, the recovery strategy against
+SkyPilot's registry, and the accelerators against SkyPilot's catalog (local copy, `~/.sky/catalogs/v8`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import DatasetVersion
+from verl_grpo.errors import ConfigError
+from verl_grpo.providers.skypilot import templates
+from verl_grpo.providers.skypilot.provider import SkyPilotProvider
+from verl_grpo.paths import data_mirror_dir
+from verl_grpo.store import Store, dataset_dir
+from verl_grpo.trainers.verl_backend import VerlTrainer
+
+DRY_RUN_ID = "dry-run"
+
+
+@dataclass(frozen=True)
+class CostLine:
+    cloud: str
+    instance_type: str
+    nodes: int
+    hours: float
+    on_demand: float
+    """Total $ on demand: price × nodes × hours."""
+    spot: float | None
+    """Total $ on spot; None where the cloud sells no spot."""
+
+
+@dataclass
+class DryRunReport:
+    yamls: dict[str, str]
+    """Task (or job-group) name → rendered YAML."""
+    checks: list[str] = field(default_factory=list)
+    costs: list[CostLine] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def render(self) -> str:
+        lines = [f"# {name}\n{text}" for name, text in self.yamls.items()]
+        lines.append("Checks passed:")
+        lines += [f"  - {c}" for c in self.checks]
+        lines.append("Cost estimate (catalog price x nodes x hours):")
+        for c in self.costs:
+            spot = f"${c.spot:,.2f}" if c.spot is not None else "n/a (no spot offer)"
+            lines.append(f"  {c.cloud:<10} {c.instance_type:<22} {c.nodes} node(s) x {c.hours:.2f} h: "
+                         f"on-demand ${c.on_demand:,.2f}  spot {spot}")
+        lines.append(f"Dry run took {self.seconds:.1f} s; nothing was launched.")
+        return "\n".join(lines)
+
+
+def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str, str] | None = None,
+            check_reward: bool = True) -> DryRunReport:
+    """Validate everything that can be checked without a cloud; ConfigError names the first failure."""
+    start = time.perf_counter()
+    if cfg.trainer.backend != "verl":
+        raise ConfigError("the skypilot provider runs the verl backend; set trainer.backend=verl")
+    if boundary is None:
+        from verl_grpo.providers.skypilot import boundary as real
+
+        boundary = real
+    env = os.environ if env is None else env
+    provider = SkyPilotProvider(boundary=boundary, env=env)
+    cluster = provider.up(cfg, DRY_RUN_ID)
+    store = Store.from_config(cfg.storage)
+    trainer = VerlTrainer(check_reward=check_reward)
+    spec = trainer.plan(cfg, _planned_dataset(cfg, store), store, DRY_RUN_ID, cluster)
+    report = DryRunReport(yamls={})
+    report.checks += trainer.last_validation.checks if trainer.last_validation else []
+
+    rendered = templates.render(cfg, spec, env)
+    report.yamls[rendered.name] = rendered.yaml
+    try:
+        loaded = boundary.load_job_group(rendered.yaml) if rendered.is_job_group else boundary.load_task(rendered.yaml)
+    except Exception as e:
+        raise ConfigError(f"SkyPilot rejected the rendered {rendered.shape} YAML: {e}") from e
+    report.checks.append(f"SkyPilot loads the {rendered.shape} YAML ({_describe(loaded)})")
+    try:
+        boundary.check_recovery_strategy(cfg.skypilot.recovery_strategy)
+    except ValueError as e:
+        raise ConfigError(f"skypilot.recovery_strategy: {e}") from e
+    report.checks.append(f"recovery strategy {cfg.skypilot.recovery_strategy} is registered in SkyPilot")
+    report.costs = estimate_cost(cfg, boundary)
+    report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
+                         f"({', '.join(sorted({c.cloud for c in report.costs}))})")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> list[CostLine]:
+    """Cheapest catalog offers for the trainer's accelerators × nodes × estimated hours, spot and on-demand."""
+    name, _, count = (cfg.infra.accelerators or "").partition(":")
+    try:
+        n = int(float(count or 1))
+    except ValueError:
+        raise ConfigError(f"infra.accelerators {cfg.infra.accelerators!r}: use NAME:COUNT, e.g. H100:8") from None
+    seed_catalog_cache(boundary)
+    clouds = available_catalog_clouds(boundary)
+    if cfg.skypilot.cloud is None and not clouds:
+        raise ConfigError(f"no SkyPilot catalog found under {boundary.catalog_dir()}; run `sky check` with internet "
+                          "access once, or copy a catalog there (e.g. ../shared/data/skypilot-catalog/v8)")
+    offers, fuzzy = boundary.catalog_offers(name, n, cfg.skypilot.cloud, cfg.skypilot.region, clouds)
+    if not offers:
+        hint = f"; did you mean {', '.join(fuzzy)}?" if fuzzy else ""
+        where = cfg.skypilot.cloud or ", ".join(clouds)
+        raise ConfigError(f"infra.accelerators {cfg.infra.accelerators!r} is not offered in the SkyPilot catalog "
+                          f"of {where}{hint}")
+    if cfg.infra.spot and all(o.spot_price is None for o in offers):
+        raise ConfigError(f"infra.spot=true but no catalog offer of {cfg.infra.accelerators} on "
+                          f"{', '.join(sorted({o.cloud for o in offers}))} sells spot; set infra.spot=false "
+                          "or choose another skypilot.cloud")
+    hours = cfg.algorithm.total_steps * cfg.skypilot.step_seconds / 3600
+    nodes = cfg.infra.nodes
+    best = sorted(offers, key=lambda o: o.price)[:3]
+    return [CostLine(o.cloud, o.instance_type, nodes, hours, o.price * nodes * hours,
+                     None if o.spot_price is None else o.spot_price * nodes * hours) for o in best]
+
+
+def seed_catalog_cache(boundary: ModuleType) -> list[Path]:
+    """Copy catalog CSVs from the local data mirror (`<mirror>/skypilot-catalog/v8`) into SkyPilot's catalog
+    cache where the cache has none, so an offline machine can check GPU names and prices. Never overwrites."""
+    source = data_mirror_dir() / "skypilot-catalog" / "v8"
+    cache = Path(boundary.catalog_dir())
+    copied = []
+    for csv in sorted(source.rglob("*.csv")) if source.is_dir() else []:
+        target = cache / csv.relative_to(source)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(csv, target)
+            copied.append(target)
+    return copied
+
+
+def available_catalog_clouds(boundary: ModuleType) -> list[str]:
+    """Clouds with a local `vms.csv` in SkyPilot's catalog dir (others would be downloaded)."""
+    root = Path(boundary.catalog_dir())
+    return sorted(p.parent.name for p in root.glob("*/vms.csv")) if root.is_dir() else []
+
+
+def _planned_dataset(cfg: RunConfig, store: Store) -> DatasetVersion:
+    """The dataset as it will sit in the store (hash `dry-run` until preparation computes the real one)."""
+    uri = store.url(dataset_dir(cfg.dataset.name, DRY_RUN_ID))
+    return DatasetVersion(name=cfg.dataset.name, hash=DRY_RUN_ID, uri=uri,
+                          splits={s: f"{uri}/{s}.parquet" for s in ("train", "val", "test")},
+                          counts={"train": 0, "val": 0, "test": 0})
+
+
+def _describe(loaded) -> str:
+    tasks = getattr(loaded, "tasks", None)
+    return f"{len(tasks)} tasks" if tasks is not None else f"task {loaded.name}"

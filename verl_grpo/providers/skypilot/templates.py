@@ -1,0 +1,195 @@
+"""Render SkyPilot task YAML from the templates under infra/skypilot/ (pure: no `sky` import, no I/O but reading them).
+
+Three shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
+`rollout_group` (rollout servers + router + replay buffer + trainer). Secrets are listed by name under
+`secrets:` only; their values are passed at launch and never rendered.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import TrainSpec
+from verl_grpo.errors import ConfigError
+from verl_grpo.paths import repo_root
+from verl_grpo.store import local_path
+from verl_grpo.trainers.verl_backend import (
+    DATASET_MOUNT_ENV,
+    DATASET_URI_ENV,
+    SECRET_ENV_VARS,
+    finalize_command,
+    restore_command,
+)
+
+REMOTE_WORKDIR = "/tmp/verl-grpo"
+"""Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
+RAY_PORT = 6379
+RAY_DASHBOARD_PORT = 8265
+TRAINER_TASK = "verl-trainer"
+
+SERVICES: dict[str, tuple[str, int]] = {
+    "data-server": ("verl_grpo.services.data_server", 8100),
+    "reward-server": ("verl_grpo.services.reward_server", 8200),
+    "retrieval-server": ("verl_grpo.services.retrieval_server", 8300),
+}
+"""Auxiliary job-group task → (module run as `python -m MODULE serve --port PORT`, port)."""
+REPLAY_BUFFER = ("verl_grpo.services.replay_buffer", 8400)
+ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
+ROUTER_PORT = 8080
+
+
+@dataclass(frozen=True)
+class RenderedTask:
+    """One rendered SkyPilot YAML: a single task or a multi-document job group."""
+
+    name: str
+    shape: str
+    yaml: str
+
+    @property
+    def is_job_group(self) -> bool:
+        return self.shape != "multinode"
+
+
+def job_name(run_id: str) -> str:
+    """The managed-job name of a run, `verl-grpo-{run_id}`, reduced to what SkyPilot accepts."""
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", run_id).strip("-")
+    if not safe:
+        raise ConfigError(f"run_id {run_id!r} has no letters or digits; pass a run id such as gsm8k-smollm2-0101")
+    return f"verl-grpo-{safe}"
+
+
+def templates_dir() -> Path:
+    root = repo_root()
+    path = (root / "infra" / "skypilot") if root else Path.cwd() / "infra" / "skypilot"
+    if not path.is_dir():
+        raise ConfigError(f"SkyPilot templates not found at {path}; run from a verl-grpo checkout")
+    return path
+
+
+def secret_names(env: Mapping[str, str]) -> list[str]:
+    """Names of the secrets present in `env` (values are never read into the YAML)."""
+    return [k for k in SECRET_ENV_VARS if env.get(k)]
+
+
+def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None = None) -> RenderedTask:
+    """The SkyPilot YAML for this run in the shape cfg.skypilot.shape selects."""
+    ctx = _base_context(cfg, spec, env, workdir)
+    shape = cfg.skypilot.shape
+    if shape == "multinode":
+        return RenderedTask(ctx["name"], shape, _render("verl-multinode.yaml.j2", ctx))
+    if shape == "job_group":
+        ctx["services"] = [
+            {"name": name, "cpus": "4+", "port": port,
+             "command": shlex.join(["python", "-m", module, "serve", "--host", "0.0.0.0", "--port", str(port)])}
+            for name, (module, port) in SERVICES.items()
+        ]
+        ctx["exports"] = [_export_url(name, port) for name, (_, port) in SERVICES.items()]
+        return RenderedTask(ctx["name"], shape, _render("job-group.yaml.j2", ctx))
+    return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", _rollout_context(cfg, spec, ctx)))
+
+
+def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None) -> dict:
+    sp = cfg.skypilot
+    if not cfg.infra.accelerators:
+        raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
+    envs = {k: v for k, v in spec.env.items() if k not in (DATASET_URI_ENV, DATASET_MOUNT_ENV)}
+    envs["VERL_GRPO_RUN_ID"] = spec.run_id
+    if cfg.storage.endpoint_url:
+        envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
+    mounts = {}
+    # `sky exec` on an existing cluster syncs no file mounts: the restore entry fetches the dataset instead.
+    if DATASET_MOUNT_ENV in spec.env and not sp.cluster:
+        uri = spec.env[DATASET_URI_ENV]
+        mounts[spec.env[DATASET_MOUNT_ENV]] = str(local_path(uri)) if uri.startswith("file://") else uri
+    engine = cfg.verl.rollout_engine
+    return {
+        "name": job_name(spec.run_id),
+        "num_nodes": cfg.infra.nodes,
+        "accelerators": cfg.infra.accelerators,
+        "use_spot": cfg.infra.spot,
+        "infra": "/".join(p for p in (sp.cloud, sp.region) if p) if sp.cloud else None,
+        "ports": [RAY_DASHBOARD_PORT],
+        "job_recovery": not sp.cluster,
+        "recovery_strategy": sp.recovery_strategy,
+        "max_restarts_on_errors": sp.max_restarts_on_errors,
+        "termination_delay": sp.termination_delay,
+        "workdir": workdir or str(repo_root() or Path.cwd()),
+        "file_mounts": mounts,
+        "envs": dict(sorted(envs.items())),
+        "secrets": secret_names(env),
+        "setup": [
+            "python3 -m pip install --quiet --upgrade uv",
+            f"uv pip install --system 'verl[{engine}]==0.9.1' -e .",
+            f"mkdir -p {REMOTE_WORKDIR}",
+        ],
+        "exports": [],
+        "train_command": shlex.join(spec.command),
+        "restore_command": shlex.join(restore_command(spec.env)),
+        "finalize_command": shlex.join(finalize_command(cfg)),
+        "trainer_task": TRAINER_TASK,
+        "ray_port": RAY_PORT,
+        "dashboard_port": RAY_DASHBOARD_PORT,
+    }
+
+
+def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
+    engine = cfg.verl.rollout_engine
+    port = ROLLOUT_PORTS[engine]
+    model = _served_model(spec)
+    servers = []
+    for i in range(cfg.skypilot.rollout_servers):
+        if engine == "sglang":
+            cmd = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0",
+                   "--port", str(port), "--tp", str(cfg.verl.rollout_tp)]
+        else:
+            cmd = ["vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
+                   "--tensor-parallel-size", str(cfg.verl.rollout_tp),
+                   "--gpu-memory-utilization", str(cfg.verl.gpu_memory_utilization)]
+        servers.append({"name": f"rollout-{i}", "command": shlex.join(cmd)})
+    workers = " ".join(f"http://rollout-{i}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}" for i in range(len(servers)))
+    router = "python -m sglang_router.launch_router" if engine == "sglang" else "vllm-router"
+    module, replay_port = REPLAY_BUFFER
+    ctx.update(
+        engine=engine,
+        rollout_servers=servers,
+        rollout_port=port,
+        service_accelerators=cfg.skypilot.service_accelerators or cfg.infra.accelerators,
+        router_port=ROUTER_PORT,
+        router_command=f"{router} --host 0.0.0.0 --port {ROUTER_PORT} --worker-urls {workers}",
+        replay_port=replay_port,
+        replay_command=shlex.join(["python", "-m", module, "serve", "--host", "0.0.0.0", "--port", str(replay_port)]),
+        exports=[_export_url("router", ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
+                 _export_url("replay-buffer", replay_port)],
+    )
+    return ctx
+
+
+def _served_model(spec: TrainSpec) -> str:
+    for item in spec.overrides:
+        if item.startswith("actor_rollout_ref.model.path="):
+            return item.partition("=")[2]
+    raise ConfigError("the rollout group needs the policy model path; the train spec has no "
+                      "actor_rollout_ref.model.path override (use trainer.backend=verl)")
+
+
+def _export_url(task: str, port: int, var: str | None = None) -> str:
+    var = var or f"VERL_GRPO_{task.upper().replace('-', '_')}_URL"
+    return f'export {var}="http://{task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"'
+
+
+def _render(template: str, ctx: dict) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env.get_template(template).render(**ctx)

@@ -1,0 +1,75 @@
+"""Registered versions as rows for `verl-grpo models list|compare`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from verl_grpo.config import RunConfig
+from verl_grpo.registry.tracking import RUN_ID_TAG, client_for, infra_errors
+
+
+def list_models(cfg_or_uri: RunConfig | str, name: str | None = None) -> list[dict[str, Any]]:
+    """Versions of a registered model, newest first: version, aliases, accuracy, delta vs base, steps, ...
+
+    `cfg_or_uri` is a RunConfig (its tracking URI and registered model name) or a tracking URI (then `name`
+    is required).
+    """
+    if isinstance(cfg_or_uri, RunConfig):
+        uri, name = cfg_or_uri.tracking.mlflow_uri, name or cfg_or_uri.registered_model_name
+    else:
+        uri = cfg_or_uri
+        if not name:
+            raise ValueError("list_models needs the registered model name when given a tracking URI")
+    with infra_errors(uri):
+        return _rows(client_for(uri), name)
+
+
+def _rows(client: MlflowClient, name: str) -> list[dict[str, Any]]:
+    escaped = name.replace("'", "\\'")
+    # Search results do not carry aliases on every backend; the registered model has them all.
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return []
+        raise
+    aliases: dict[str, list[str]] = {}
+    for alias, version in model.aliases.items():
+        aliases.setdefault(str(version), []).append(alias)
+    rows = []
+    for v in client.search_model_versions(f"name='{escaped}'"):
+        tags = v.tags
+        rows.append({
+            "version": int(v.version),
+            "aliases": sorted(aliases.get(str(v.version), [])),
+            "accuracy": _float(tags.get("eval.accuracy")),
+            "base_accuracy": _float(tags.get("base.accuracy")),
+            "delta_accuracy": _float(tags.get("delta.accuracy")),
+            "steps": _int(tags.get("train.final_step")),
+            "dataset_hash": tags.get("dataset.hash", ""),
+            "run_id": tags.get(RUN_ID_TAG, ""),
+            "decision": tags.get("promotion.decision", ""),
+            "p_value": _float(tags.get("promotion.mcnemar_p")),
+            "settings_key": tags.get("eval.settings_key", ""),
+            "created": datetime.fromtimestamp(v.creation_timestamp / 1000, UTC).isoformat(timespec="seconds"),
+            "mlflow_run_id": v.run_id,
+        })
+    return sorted(rows, key=lambda r: r["version"], reverse=True)
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None

@@ -1,0 +1,197 @@
+"""Record a finished pipeline run in MLflow and register its model (idempotent: retries add nothing twice)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
+from mlflow.tracking import MlflowClient
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.evaluate.models import resolve_model_dir
+from verl_grpo.registry import tracking
+from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, PROMOTED, Decision, decide
+from verl_grpo.registry.secrets import assert_no_secrets
+from verl_grpo.registry.versions import (
+    MODEL_URI_TAG,
+    ensure_registered_model,
+    find_or_create_version,
+    log_hf_model,
+    version_by_alias,
+)
+from verl_grpo.store import Store, run_dir, strip_scheme
+
+log = logging.getLogger(__name__)
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+DEFAULT_PROMOTION_P_VALUE = 0.05
+EVAL_ARTIFACT_DIR = "eval"
+SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
+
+
+def register_run(
+    cfg: RunConfig,
+    *,
+    run_id: str,
+    dataset: DatasetVersion,
+    train: TrainResult,
+    report: EvalReport,
+    base_report: EvalReport | None,
+    store: Store,
+    tags: Mapping[str, str],
+    promotion_p_value: float = DEFAULT_PROMOTION_P_VALUE,
+    champion_report: EvalReport | None = None,
+) -> ModelVersion:
+    """Log the run (params, training curves, eval metrics, artifacts, model) and register its model version.
+
+    The new version gets alias `challenger`; `champion` moves to it when there is none yet, or when it beats
+    the champion on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
+    the champion re-evaluated with this run's settings, for when the champion's own eval used other settings.
+    """
+    assert_no_secrets(tags, "register_run tags")
+    with tracking.infra_errors(cfg.tracking.mlflow_uri):
+        return _register(cfg, run_id, dataset, train, report, base_report, store, tags, promotion_p_value,
+                         champion_report)
+
+
+def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: TrainResult, report: EvalReport,
+              base_report: EvalReport | None, store: Store, tags: Mapping[str, str], promotion_p_value: float,
+              champion_report: EvalReport | None) -> ModelVersion:
+    started = time.monotonic()
+    client = tracking.client_for(cfg.tracking.mlflow_uri)
+    exp_id = tracking.experiment_id(client, cfg.experiment_name,
+                                    tracking.artifact_location(cfg.tracking.mlflow_uri, cfg.experiment_name))
+    run_tags = _run_tags(cfg, run_id, dataset, train, report, tags)
+    mlflow_run_id = tracking.find_or_create_run(client, exp_id, run_id, run_tags)
+    tracking.set_tags(client, mlflow_run_id, run_tags)
+    tracking.log_params(client, mlflow_run_id, cfg.flat())
+    tracking.log_training_metrics(client, mlflow_run_id, store, train.metrics_uri)
+    summary = eval_summary(report, base_report)
+    tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step)
+    _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store)
+
+    name = cfg.registered_model_name
+    source = log_hf_model(client, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})")
+    ensure_registered_model(client, name, f"GRPO post-trained models of verl-grpo on {cfg.dataset.name}")
+    metric_tags = {tracking.metric_name(k.replace("/", ".")): f"{v:.6g}" for k, v in summary.items()}
+    version_tags = {**run_tags, **metric_tags, SETTINGS_TAG: report.settings_key, SPLIT_TAG: report.split,
+                    "train.final_step": str(train.final_step)}
+    version, created = find_or_create_version(client, name, mlflow_run_id, source, train.model_uri, version_tags)
+    client.set_registered_model_alias(name, CHALLENGER, version.version)
+    decision = _promote(client, name, version, report, store, promotion_p_value, champion_report)
+    client.set_terminated(mlflow_run_id, "FINISHED")
+    aliases = client.get_model_version(name, version.version).aliases
+    log.info("registered %s v%s (%s) in %.1fs: %s", name, version.version, "new" if created else "existing",
+             time.monotonic() - started, decision)
+    return ModelVersion(name=name, version=str(version.version), aliases=sorted(aliases), mlflow_run_id=mlflow_run_id,
+                        decision=decision)
+
+
+def eval_summary(report: EvalReport, base_report: EvalReport | None) -> dict[str, float]:
+    """`eval/<m>`, and with a base report `base/<m>` and `delta/<m>` (eval minus base) for shared metrics."""
+    out = {f"eval/{k}": v for k, v in report.metrics.items()}
+    if base_report is not None:
+        out.update({f"base/{k}": v for k, v in base_report.metrics.items()})
+        out.update({f"delta/{k}": v - base_report.metrics[k] for k, v in report.metrics.items()
+                    if k in base_report.metrics and k != "n"})
+    return out
+
+
+def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: TrainResult, report: EvalReport,
+              extra: Mapping[str, str]) -> dict[str, str]:
+    tags = {
+        tracking.RUN_ID_TAG: run_id,
+        "dataset.name": dataset.name,
+        "dataset.hash": dataset.hash,
+        "trainer.backend": cfg.trainer.backend,
+        "infra.provider": cfg.infra.provider,
+        "model.base": cfg.model.name,
+        "checkpoint_uri": train.checkpoint.uri if train.checkpoint else train.model_uri,
+        MODEL_URI_TAG: train.model_uri,
+        "config.digest": cfg.digest(),
+        SETTINGS_TAG: report.settings_key,
+    }
+    return {**{str(k): str(v) for k, v in extra.items()}, **tags}
+
+
+def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
+                   report: EvalReport, base_report: EvalReport | None, store: Store) -> None:
+    """config.yaml, the data manifest and the eval tables + reports (re-logging overwrites the same paths)."""
+    with tempfile.TemporaryDirectory(prefix="verl-grpo-artifacts-") as tmp:
+        root = Path(tmp)
+        config_rel = f"{run_dir(run_id)}/config.yaml"
+        (root / "config.yaml").write_text(store.read_text(config_rel) if store.exists(config_rel) else cfg.to_yaml())
+        manifest = f"{strip_scheme(dataset.uri).rstrip('/')}/manifest.json"
+        if store.fs.exists(manifest):
+            (root / "data").mkdir()
+            store.fs.get_file(manifest, str(root / "data" / "manifest.json"))
+        evals = root / EVAL_ARTIFACT_DIR
+        evals.mkdir()
+        for prefix, rep in (("", report), ("base-", base_report)):
+            if rep is None:
+                continue
+            store.fs.get_file(strip_scheme(rep.table_uri), str(evals / f"{prefix}{rep.split}.parquet"))
+            (evals / f"{prefix}{rep.split}.json").write_text(rep.model_dump_json(indent=2))
+        client.log_artifacts(mlflow_run_id, str(root))
+
+
+def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
+             p_threshold: float, champion_report: EvalReport | None) -> str:
+    """Decide once per version (a retry returns the recorded decision) and move `champion` if it wins."""
+    recorded = version.tags.get("promotion.reason")
+    if recorded:
+        if version.tags.get("promotion.decision") in (FIRST, PROMOTED):
+            _move_champion_forward(client, name, version.version)  # the crash may have come before the move
+        return recorded
+    champion = version_by_alias(client, name, CHAMPION)
+    label = f"v{version.version}"
+    if champion is None or champion.version == version.version:
+        decision = Decision(FIRST, f"{label} is the first model: it becomes the champion")
+    else:
+        champ_label = f"v{champion.version}"
+        champ_table = _champion_table(client, champion, report, store, champion_report)
+        if champ_table is None:
+            decision = Decision(INCOMPARABLE, f"kept champion {champ_label}: it was evaluated with other settings "
+                                f"({champion.tags.get(SETTINGS_TAG)} vs {report.settings_key}); pass the champion "
+                                "re-evaluated with these settings as champion_report to compare")
+        else:
+            decision = decide(_read_table(store, report.table_uri), champ_table, p_threshold=p_threshold,
+                              challenger_label=label, champion_label=champ_label)
+        for key, value in decision.tags(f"challenged_by.{label}.").items():
+            client.set_model_version_tag(name, champion.version, key, value)
+    # Tags first: a retry finds the decision and only redoes the alias move.
+    for key, value in decision.tags().items():
+        client.set_model_version_tag(name, version.version, key, value)
+    if decision.promoted:
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    return decision.reason
+
+
+def _move_champion_forward(client: MlflowClient, name: str, version: str) -> None:
+    """Point `champion` at `version` unless it already points at it or at a newer version."""
+    current = version_by_alias(client, name, CHAMPION)
+    if current is None or int(current.version) < int(version):
+        client.set_registered_model_alias(name, CHAMPION, version)
+
+
+def _champion_table(client: MlflowClient, champion: MlflowModelVersion, report: EvalReport, store: Store,
+                    champion_report: EvalReport | None) -> pd.DataFrame | None:
+    """The champion's per-problem results under the challenger's settings, or None when there are none."""
+    if champion_report is not None and champion_report.settings_key == report.settings_key:
+        return _read_table(store, champion_report.table_uri)
+    if champion.tags.get(SETTINGS_TAG) != report.settings_key or champion.tags.get(SPLIT_TAG) != report.split:
+        return None
+    with tempfile.TemporaryDirectory(prefix="verl-grpo-champion-") as tmp:
+        path = client.download_artifacts(champion.run_id, f"{EVAL_ARTIFACT_DIR}/{report.split}.parquet", tmp)
+        return pd.read_parquet(path)
+
+
+def _read_table(store: Store, uri: str) -> pd.DataFrame:
+    with store.fs.open(strip_scheme(uri), "rb") as f:
+        return pd.read_parquet(f)

@@ -1,0 +1,182 @@
+"""One MLflow run per pipeline run: found again by tag, so a retried step logs into the same run.
+
+Everything goes through an explicit MlflowClient (no global fluent state), so concurrent callers with
+different tracking URIs do not interfere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+from verl_grpo.errors import InfraError
+from verl_grpo.registry.secrets import assert_no_secrets
+from verl_grpo.store import Store, strip_scheme
+
+log = logging.getLogger(__name__)
+
+RUN_ID_TAG = "verl_grpo.run_id"
+TRAIN_METRICS_TAG = "verl_grpo.train_metrics_logged"
+_INVALID_NAME_CHARS = re.compile(r"[^\w./\- ]")
+_TRUNCATED = "…[truncated; see config.yaml artifact]"
+
+
+# MLflow reports unreachable servers, 5xx answers and a locked SQLite file with these codes.
+_TRANSIENT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"}
+
+
+@contextmanager
+def infra_errors(tracking_uri: str) -> Iterator[None]:
+    """Turn transient MLflow/network failures into InfraError (retryable); other MLflow errors pass through."""
+    try:
+        yield
+    except MlflowException as e:
+        if e.error_code in _TRANSIENT_CODES:
+            raise InfraError(f"MLflow at {tracking_uri} failed ({e.error_code}: {str(e)[:300]}); check that the "
+                             "tracking server is up (tracking.mlflow_uri), a retry continues where this stopped") from e
+        raise
+    except OSError as e:
+        raise InfraError(f"MLflow at {tracking_uri}: {type(e).__name__}: {e}; a retry continues where this "
+                         "stopped") from e
+
+
+def client_for(tracking_uri: str) -> MlflowClient:
+    """A client whose tracking and registry both live at `tracking_uri` (SQLite file or http server)."""
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def metric_name(name: str) -> str:
+    """A name MLflow accepts: `pass@4` → `pass_at_4`; other characters outside [\\w./- ] become `_`."""
+    return _INVALID_NAME_CHARS.sub("_", name.replace("@", "_at_"))
+
+
+def artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """Artifact root of a new experiment: beside a SQLite DB (never MLflow's cwd-relative ./mlruns); None lets a
+    server choose its own (proxied) root."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri.removeprefix("sqlite:///")).expanduser()
+    return (db.parent.resolve() / "mlartifacts" / re.sub(r"[^\w.-]+", "-", experiment)).as_uri()
+
+
+def experiment_id(client: MlflowClient, name: str, location: str | None = None) -> str:
+    """Id of the experiment `name`, created (at `location`) when missing; a concurrent creator is fine."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS" and e.get_http_status_code() != 409:
+            raise
+        found = client.get_experiment_by_name(name)
+        assert found is not None, f"experiment {name} reported as existing but cannot be read"
+        return found.experiment_id
+
+
+def find_or_create_run(client: MlflowClient, exp_id: str, run_id: str, tags: Mapping[str, str]) -> str:
+    """MLflow run id of pipeline run `run_id` (tagged `verl_grpo.run_id`), created when missing."""
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{_quote(run_id)}'",
+                              max_results=2, order_by=["attributes.start_time ASC"])
+    if runs:
+        return runs[0].info.run_id
+    return client.create_run(exp_id, run_name=run_id, tags={**tags, RUN_ID_TAG: run_id}).info.run_id
+
+
+def log_params(client: MlflowClient, mlflow_run_id: str, params: Mapping[str, Any]) -> None:
+    """Log params not yet on the run (a retry neither fails nor duplicates); values capped at MLflow's limit."""
+    assert_no_secrets(params, "MLflow params")
+    existing = client.get_run(mlflow_run_id).data.params
+    todo = []
+    for key, value in params.items():
+        text = "None" if value is None else str(value)
+        if len(text) > MAX_PARAM_VAL_LENGTH:
+            text = text[: MAX_PARAM_VAL_LENGTH - len(_TRUNCATED)] + _TRUNCATED
+        if key not in existing:
+            todo.append(Param(key, text))
+        elif existing[key] != text:  # MLflow params are immutable; the run keeps its first value
+            log.warning("MLflow run %s already has param %s=%r; not changing it to %r", mlflow_run_id, key,
+                        existing[key], text)
+    for chunk in _chunks(todo, MAX_PARAMS_TAGS_PER_BATCH):
+        client.log_batch(mlflow_run_id, params=chunk)
+
+
+def set_tags(client: MlflowClient, mlflow_run_id: str, tags: Mapping[str, Any]) -> None:
+    assert_no_secrets(tags, "MLflow tags")
+    items = [RunTag(k, str(v)) for k, v in tags.items()]
+    for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+        client.log_batch(mlflow_run_id, tags=chunk)
+
+
+def log_metrics(client: MlflowClient, mlflow_run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    """Summary metrics (eval/…, base/…, delta/…) at one step; re-logging the same values is harmless."""
+    now = int(time.time() * 1000)
+    items = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
+    for chunk in _chunks(items, MAX_METRICS_PER_BATCH):
+        client.log_batch(mlflow_run_id, metrics=chunk)
+
+
+def log_training_metrics(client: MlflowClient, mlflow_run_id: str, store: Store, metrics_uri: str) -> int:
+    """Per-step training metrics from the run's JSONL, once per MLflow run; returns the number of points."""
+    run = client.get_run(mlflow_run_id)
+    if TRAIN_METRICS_TAG in run.data.tags:
+        return int(run.data.tags[TRAIN_METRICS_TAG])
+    lines = _read_lines(store, metrics_uri)
+    if lines is None:  # not written (yet): a later retry logs them
+        return 0
+    points = list(training_points(lines))
+    for chunk in _chunks(points, MAX_METRICS_PER_BATCH):
+        client.log_batch(mlflow_run_id, metrics=chunk)
+    client.set_tag(mlflow_run_id, TRAIN_METRICS_TAG, str(len(points)))
+    return len(points)
+
+
+def training_points(lines: Iterable[str]) -> Iterator[Metric]:
+    """`{"step": 3, "loss": 0.1, "reward/mean": 0.5, ...}` lines → one Metric per numeric field."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise InfraError(f"training metrics line {n} is not JSON ({line[:80]!r}); the metrics file is "
+                             "damaged, re-run training's last step or delete the line") from None
+        step = int(record.get("step", n))
+        stamp = record.get("timestamp", record.get("time"))
+        millis = int(float(stamp) * 1000) if isinstance(stamp, (int, float)) else int(time.time() * 1000)
+        for key, value in record.items():
+            if key in {"step", "timestamp", "time"} or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                yield Metric(metric_name(key), float(value), millis, step)
+
+
+def _read_lines(store: Store, uri: str) -> list[str] | None:
+    try:
+        with store.fs.open(strip_scheme(uri), "r") as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return None
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _quote(value: str) -> str:
+    return value.replace("'", "\\'")
+

@@ -1,0 +1,128 @@
+"""MATH: LaTeX final answers, judged equivalent to the ground truth by Math-Verify (`parse` + `verify`).
+
+The answer is the answer block's content (or, without one, the last `\\boxed{}`), with outer `$`,
+`\\(`/`\\[` delimiters removed and wrapped as `\\boxed{...}`, the form Math-Verify extracts most
+reliably; the ground truth is wrapped the same way.
+
+Math-Verify bounds its work with SIGALRM, which only works in the main thread. verl calls scorers
+from executor threads, so off the main thread the check runs in a small process pool with a timeout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from functools import lru_cache
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from verl_grpo.errors import DataError
+from verl_grpo.rewards.common import (
+    Response,
+    check_weights,
+    no_trailing_score,
+    parse_response,
+    thinking_score,
+    weighted_total,
+)
+from verl_grpo.rewards.gsm8k import last_boxed
+
+WEIGHTS: dict[str, float] = {
+    "correctness": 0.7,
+    "answer_format": 0.15,
+    "thinking": 0.1,
+    "no_trailing": 0.05,
+}
+check_weights(WEIGHTS, "math")
+
+MATH_VERIFY_TIMEOUT_S = 5
+_OFF_THREAD_TIMEOUT_S = 15.0
+_DELIMITERS = re.compile(r"^(?:\$\$(.*)\$\$|\$(.*)\$|\\\((.*)\\\)|\\\[(.*)\\\])$", re.S)
+_GOLD_TARGETS = (LatexExtractionConfig(),)
+_PRED_TARGETS = (LatexExtractionConfig(), ExprExtractionConfig())
+
+
+def extract_answer(r: Response) -> str | None:
+    """The final answer as LaTeX (no delimiters, no `\\boxed`), or None."""
+    if r.answer_blocks:
+        blocks = {b.strip() for b in re.findall(r"<answer>(.*?)</answer>", r.text, re.S)}
+        if len(blocks) != 1:
+            return None
+        text = blocks.pop()
+    else:
+        text = last_boxed(r.text)
+        if text is None:
+            return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        text = boxed
+    text = text.strip()
+    m = _DELIMITERS.match(text)
+    if m:
+        text = next(g for g in m.groups() if g is not None).strip()
+    return text or None
+
+
+def boxed(latex: str) -> str:
+    return "\\boxed{" + latex + "}"
+
+
+def math_verify_equal(gold_latex: str, pred_latex: str, timeout_s: int = MATH_VERIFY_TIMEOUT_S) -> bool:
+    """Math-Verify's verdict on `\\boxed{gold}` vs `\\boxed{pred}` (in the calling thread; main thread only)."""
+    gold = _parse_gold(gold_latex, timeout_s)
+    if not gold:
+        return False
+    pred = parse(boxed(pred_latex), _PRED_TARGETS, parsing_timeout=timeout_s)
+    return bool(pred) and verify(gold, pred, timeout_seconds=timeout_s)
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold(gold_latex: str, timeout_s: int) -> list:
+    return parse(boxed(gold_latex), _GOLD_TARGETS, parsing_timeout=timeout_s)
+
+
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _off_thread_pool() -> ProcessPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
+        return _pool
+
+
+def is_equivalent(gold_latex: str, pred_latex: str) -> tuple[bool, str]:
+    """(equivalent, reason): Math-Verify with a timeout in any thread; a timeout counts as not equivalent."""
+    if threading.current_thread() is threading.main_thread():
+        return math_verify_equal(gold_latex, pred_latex), ""
+    try:
+        return _off_thread_pool().submit(math_verify_equal, gold_latex, pred_latex).result(_OFF_THREAD_TIMEOUT_S), ""
+    except FutureTimeout:
+        return False, f"math-verify timed out after {_OFF_THREAD_TIMEOUT_S:.0f}s"
+
+
+def compute_score(solution_str: str, ground_truth: object) -> dict:
+    """verl-style result: `score`, the components, `acc` and `pred`."""
+    gold = str(ground_truth).strip()
+    if not gold:
+        raise DataError("math ground_truth is empty; reward_model.ground_truth must hold the LaTeX answer, e.g. \\frac{1}{2}")
+    r = parse_response(solution_str)
+    pred = extract_answer(r)
+    correct = is_equivalent(gold, pred)[0] if pred is not None else False
+    components = {
+        "correctness": 1.0 if correct else 0.0,
+        "answer_format": 1.0 if r.layout_ok else 0.0,
+        "thinking": thinking_score(r),
+        "no_trailing": no_trailing_score(r),
+    }
+    return {
+        "score": weighted_total(components, WEIGHTS),
+        **components,
+        "acc": components["correctness"],
+        "pred": pred or "",
+    }

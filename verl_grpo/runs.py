@@ -1,0 +1,87 @@
+"""Run identity and bookkeeping in the store: `runs/{run_id}/run.json` and the resolved `config.yaml`.
+
+Passing the same run_id again resumes that run. Without one, an unfinished run with the same resolved
+config is resumed (so re-running a killed `verl-grpo run` continues it); otherwise a new id is made.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from verl_grpo.config import RunConfig
+from verl_grpo.errors import ConfigError
+from verl_grpo.models import model_short_name
+from verl_grpo.store import Store, run_dir
+
+RunStatus = Literal["running", "completed", "failed"]
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def run_name(cfg: RunConfig, when: datetime | None = None) -> str:
+    """`{dataset}-{model-short}-{yyyymmdd-HHMM}` (UTC), e.g. gsm8k-smollm2-135m-20261122-0200."""
+    when = when or datetime.now(timezone.utc)
+    return f"{cfg.dataset.name}-{model_short_name(cfg.model.name)}-{when:%Y%m%d-%H%M}"
+
+
+def new_run_id(cfg: RunConfig, store: Store) -> str:
+    base = run_name(cfg)
+    candidate, n = base, 1
+    while store.exists(run_dir(candidate), "run.json"):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def validate_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise ConfigError(f"run_id {run_id!r} must be 1-128 chars of letters, digits, '.', '_' or '-'")
+    return run_id
+
+
+def read_run(store: Store, run_id: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(store.read_text(run_dir(run_id), "run.json"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def find_resumable(store: Store, cfg: RunConfig) -> str | None:
+    """The newest unfinished run whose resolved config equals cfg's."""
+    digest = cfg.digest()
+    candidates = []
+    for run_id in store.listdir("runs"):
+        record = read_run(store, run_id)
+        if record and record.get("config_digest") == digest and record.get("status") != "completed":
+            candidates.append((record.get("created_at", 0), run_id))
+    return max(candidates)[1] if candidates else None
+
+
+def begin_run(store: Store, cfg: RunConfig, run_id: str | None, *, resume: bool = True) -> tuple[str, bool]:
+    """Pick the run id, store the resolved config and mark the run running. Returns (run_id, resumed)."""
+    if run_id:
+        validate_run_id(run_id)
+        existing = read_run(store, run_id)
+        if existing and existing.get("config_digest") != cfg.digest():
+            raise ConfigError(
+                f"run_id {run_id!r} exists with a different config (digest {existing.get('config_digest')} vs "
+                f"{cfg.digest()}); resume it with its own config (runs/{run_id}/config.yaml) or pick a new run_id"
+            )
+        resumed = existing is not None
+    else:
+        run_id = find_resumable(store, cfg) if resume else None
+        resumed = run_id is not None
+        run_id = run_id or new_run_id(cfg, store)
+    record = read_run(store, run_id) or {"run_id": run_id, "config_digest": cfg.digest(), "created_at": time.time()}
+    store.write_text(cfg.to_yaml(), run_dir(run_id), "config.yaml")
+    mark_run(store, run_id, "running", record)
+    return run_id, resumed
+
+
+def mark_run(store: Store, run_id: str, status: RunStatus, record: dict[str, Any] | None = None, **extra: Any) -> None:
+    record = dict(record or read_run(store, run_id) or {"run_id": run_id})
+    record.update(extra, status=status, updated_at=time.time())
+    store.write_text(json.dumps(record, indent=1), run_dir(run_id), "run.json")

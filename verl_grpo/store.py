@@ -1,0 +1,172 @@
+"""The artifact store: one root URI (`file://` or `s3://`) on fsspec, and the layout under it.
+
+```
+datasets/{name}/{hash}/{train,val,test}.parquet, rejected.parquet, manifest.json
+runs/{run_id}/config.yaml
+runs/{run_id}/checkpoints/global_step_{N}/…  + MANIFEST.json, written last
+runs/{run_id}/model/
+runs/{run_id}/eval/{split}.parquet
+eval-cache/{model_key}/{split}-{settings}.parquet
+```
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from verl_grpo.errors import ConfigError, InfraError
+
+
+class Store:
+    """Read/write access to the store root. Credentials come from the environment (AWS_* / profiles)."""
+
+    def __init__(self, uri: str, endpoint_url: str | None = None):
+        if not (uri.startswith("file://") or uri.startswith("s3://")):
+            raise ConfigError(f"storage.uri {uri!r} must start with file:// or s3://")
+        self.uri = uri.rstrip("/")
+        self.endpoint_url = endpoint_url
+
+    @classmethod
+    def from_config(cls, storage: Any) -> "Store":
+        return cls(storage.uri, storage.endpoint_url)
+
+    @property
+    def is_local(self) -> bool:
+        return self.uri.startswith("file://")
+
+    @cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        return filesystem_for(self.uri, self.endpoint_url)
+
+    def url(self, *parts: str) -> str:
+        """Full URI of a path under the root."""
+        rel = "/".join(p.strip("/") for p in parts if p)
+        return f"{self.uri}/{rel}" if rel else self.uri
+
+    def path(self, *parts: str) -> str:
+        """Path of `parts` as the filesystem object expects it (no scheme)."""
+        return strip_scheme(self.url(*parts))
+
+    def exists(self, *parts: str) -> bool:
+        return self._call(self.fs.exists, self.path(*parts))
+
+    def read_text(self, *parts: str) -> str:
+        with self._call(self.fs.open, self.path(*parts), "r") as f:
+            return f.read()
+
+    def write_text(self, text: str, *parts: str) -> str:
+        """Write a small text object atomically where the backend allows (S3 puts are atomic)."""
+        target = self.path(*parts)
+        self._ensure_parent(target)
+        if self.is_local:
+            tmp = f"{target}.tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        else:
+            self._call(self.fs.pipe_file, target, text.encode())
+        return self.url(*parts)
+
+    def put_dir(self, local_dir: Path, *parts: str) -> str:
+        """Upload a local directory's files under `parts`."""
+        for file in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+            rel = file.relative_to(local_dir).as_posix()
+            self.put_file(file, *parts, rel)
+        return self.url(*parts)
+
+    def put_file(self, local: Path, *parts: str) -> str:
+        target = self.path(*parts)
+        self._ensure_parent(target)
+        self._call(self.fs.put_file, str(local), target)
+        return self.url(*parts)
+
+    def get_dir(self, local_dir: Path, *parts: str) -> Path:
+        """Download everything under `parts` into local_dir."""
+        src = self.path(*parts)
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for remote in self._call(self.fs.find, src):
+            rel = remote[len(src) :].lstrip("/")
+            dest = local_dir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self._call(self.fs.get_file, remote, str(dest))
+        return local_dir
+
+    def listdir(self, *parts: str) -> list[str]:
+        """Names directly under `parts` (empty when missing)."""
+        base = self.path(*parts)
+        if not self._call(self.fs.exists, base):
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self._call(self.fs.ls, base, detail=False))
+
+    def rm(self, *parts: str) -> None:
+        target = self.path(*parts)
+        if self._call(self.fs.exists, target):
+            self._call(self.fs.rm, target, recursive=True)
+
+    def _ensure_parent(self, target: str) -> None:
+        if self.is_local:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise
+        except PermissionError as e:
+            raise InfraError(f"store {self.uri}: permission denied on {e.filename or args[0]}; fix the access rights") from e
+        except OSError as e:
+            raise InfraError(f"store {self.uri}: {type(e).__name__}: {e}") from e
+
+
+def filesystem_for(uri: str, endpoint_url: str | None = None) -> fsspec.AbstractFileSystem:
+    if uri.startswith("s3://"):
+        opts: dict[str, Any] = {}
+        if endpoint_url:
+            opts["endpoint_url"] = endpoint_url
+        return fsspec.filesystem("s3", **opts)
+    return fsspec.filesystem("file")
+
+
+def strip_scheme(uri: str) -> str:
+    for scheme in ("file://", "s3://"):
+        if uri.startswith(scheme):
+            return uri[len(scheme) :]
+    return uri
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of a `file://` URI (None for remote URIs)."""
+    return Path(uri[len("file://") :]) if uri.startswith("file://") else None
+
+
+# Layout: relative paths under the root.
+def dataset_dir(name: str, digest: str) -> str:
+    return f"datasets/{name}/{digest}"
+
+
+def run_dir(run_id: str) -> str:
+    return f"runs/{run_id}"
+
+
+def checkpoints_dir(run_id: str) -> str:
+    return f"runs/{run_id}/checkpoints"
+
+
+def model_dir(run_id: str) -> str:
+    return f"runs/{run_id}/model"
+
+
+def eval_table(run_id: str, split: str) -> str:
+    return f"runs/{run_id}/eval/{split}.parquet"
+
+
+def eval_cache_table(model_key: str, split: str, settings: str) -> str:
+    return f"eval-cache/{model_key}/{split}-{settings}.parquet"

