@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from prefect import flow, tags
+from prefect import flow, get_client, tags
 from prefect.runtime import flow_run
 
+from flows.hooks import record_crash
 from tasks.evaluate import evaluate, evaluate_base
 from tasks.prepare import prepare_data
 from tasks.provision import provision, teardown
@@ -12,7 +13,7 @@ from tasks.register import register
 from tasks.reporting import publish_summary, run_tags
 from tasks.resolve import resolve_config
 from tasks.train import train
-from verl_grpo.config import load_config
+from verl_grpo.config import RunConfig, load_config
 from verl_grpo.runs import run_name
 
 
@@ -21,7 +22,7 @@ def _flow_run_name() -> str:
     return run_name(load_config(params.get("config") or ["gsm8k"], params.get("overrides") or []))
 
 
-@flow(name="verl-grpo", flow_run_name=_flow_run_name, log_prints=True)
+@flow(name="verl-grpo", flow_run_name=_flow_run_name, log_prints=True, on_crashed=[record_crash])
 def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = None, run_id: str | None = None) -> dict:
     """GRPO post-training of one model on one dataset.
 
@@ -31,6 +32,7 @@ def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = Non
     """
     run = resolve_config(config or ["gsm8k"], overrides or [], run_id)
     cfg = run.cfg
+    label_flow_run(cfg, run.run_id)
     with tags(*run_tags(cfg)):
         dataset = prepare_data(cfg)
         cluster = provision(cfg, run.run_id)
@@ -42,6 +44,17 @@ def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = Non
         finally:
             teardown(cfg, cluster)
         return publish_summary(cfg, run.run_id, dataset, result, report, base_report, version)
+
+
+def label_flow_run(cfg: RunConfig, run_id: str) -> None:
+    """Tag the flow run (dataset, model, provider, backend) and record its run_id among its parameters, so
+    the UI can filter by tag and a re-run of the same parameters (UI, automation) resumes this run."""
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        current = client.read_flow_run(flow_run.id)
+        parameters = {**current.parameters, "run_id": run_id}
+        client.update_flow_run(flow_run.id, tags=sorted({*current.tags, *run_tags(cfg)}), parameters=parameters)
 
 
 def tracking_tags(run_id: str) -> dict[str, str]:

@@ -3,14 +3,29 @@
 A checkpoint exists only once its manifest (files, sizes, sha256, step, trainer state) is written.
 `latest_complete` never returns a checkpoint whose manifest is missing or unreadable, and `restore`
 verifies every file's size and hash before the trainer sees it.
+
+Uploads: `concurrency` files at once, largest first. On S3, a file above 2 × `part_size` goes up as a
+multipart upload with `part_concurrency` parts in flight (smaller ones in one PUT), so one save holds
+at most concurrency × part_concurrency × part_size bytes (4 × 4 × 16 MiB = 256 MiB by default).
+Every transfer is retried with exponential backoff (`retries` attempts, the delay doubling from
+`backoff_s`); a store that stays down longer fails with an InfraError that says "retry budget".
+Errors a retry cannot cure (no space left, permission denied) fail at once with a ConfigError.
+
+`BackgroundSaver` takes uploads off the training thread: it snapshots each checkpoint with hard links,
+uploads the snapshot in a background thread, and lets the trainer wait only when the previous upload
+is still running at the next save. Snapshots not yet committed survive a crash on local disk and are
+committed by the next attempt (`commit_pending`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.contracts import CheckpointRef
-from verl_grpo.errors import InfraError
+from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.store import Store, checkpoints_dir
 
 log = logging.getLogger(__name__)
@@ -26,6 +41,11 @@ log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 STEP_PREFIX = "global_step_"
 _CHUNK = 1 << 20
+PART_SIZE = 16 << 20
+"""Multipart part size on S3 (S3's minimum is 5 MiB; s3fs's default of 50 MiB holds more memory per file)."""
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 def sha256_file(path: Path) -> str:
@@ -38,6 +58,49 @@ def sha256_file(path: Path) -> str:
 
 def step_dir_name(step: int) -> str:
     return f"{STEP_PREFIX}{step}"
+
+
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    """Errors a retry may cure: store/network trouble. botocore's connection errors are not OSErrors."""
+    errors: list[type[BaseException]] = [InfraError, OSError]
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+
+        errors += [BotoConnectionError, HTTPClientError]
+    except ImportError:  # file:// stores do not need botocore
+        pass
+    return tuple(errors)
+
+
+_TRANSIENT = _transient_errors()
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError an exception is or wraps (Store wraps OSErrors into InfraError)."""
+    for e in (exc, exc.__cause__):
+        if isinstance(e, OSError):
+            return e
+    return None
+
+
+def permanent_error(what: str, where: str, exc: BaseException) -> ConfigError | None:
+    """A ConfigError naming the path and the fix when `exc` is disk-full or permission trouble, else None."""
+    os_error = _os_error(exc)
+    if os_error is None:
+        return None
+    path = os_error.filename or where
+    if os_error.errno in _NO_SPACE:
+        return ConfigError(
+            f"{what}: no space left on the device holding {path}; free space there, lower storage.keep_last, "
+            "or move that directory to a bigger disk"
+        )
+    if os_error.errno in _NO_PERMISSION or isinstance(os_error, PermissionError):
+        return ConfigError(
+            f"{what}: permission denied on {path} ({os_error.strerror or os_error}); make it writable by uid "
+            f"{os.getuid()} (chown/chmod) or point the run at a directory it may write"
+        )
+    return None
 
 
 class CheckpointStore:

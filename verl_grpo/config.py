@@ -140,6 +140,8 @@ class TrackingConfig(_Section):
     """MLflow experiment; None means `verl-grpo/<dataset>`."""
     registered_model: str | None = None
     """Registered model name; None means `verl-grpo-<dataset>`."""
+    promotion_p_value: float = Field(0.05, gt=0, le=1)
+    """Alias `champion` moves only when the challenger is better with a paired (McNemar) p-value below this."""
 
 
 class EvalConfig(_Section):
@@ -153,6 +155,14 @@ class EvalConfig(_Section):
     """Generation budget per problem; None uses algorithm.max_response_length."""
     seed: int = 0
     """Seed of the subset selection."""
+    samples: int = Field(0, ge=0)
+    """Sampled responses per problem for pass@k / maj@k (k = samples); 0 evaluates greedy mean@1 only."""
+    temperature: float | None = Field(None, gt=0)
+    """Sampling temperature for pass@k / maj@k; None uses algorithm.temperature."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    """Nucleus sampling for pass@k / maj@k; None uses algorithm.top_p."""
+    threads: int | None = Field(None, ge=1)
+    """torch CPU threads while evaluating; None uses trainer.threads."""
 
 
 class VerlConfig(_Section):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verl_grpo import runs
 from verl_grpo.config import RunConfig, load_config
@@ -21,6 +22,51 @@ from verl_grpo.store import Store, run_dir
 log = logging.getLogger(__name__)
 
 LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """One training step as the trainer's log reports it (for progress bars and reward charts)."""
+
+    step: int
+    total_steps: int
+    reward: float | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * min(self.step, self.total_steps) / max(self.total_steps, 1)
+
+
+ProgressSink = Callable[[TrainProgress], None]
+
+# The TRL worker prints `step k/N reward=0.25 loss=0.01 ...` (trainers.trl_callbacks.progress_line);
+# verl's console logger prints `step:k - critic/score/mean:0.25 - ...`.
+_TRL_STEP = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)(?P<rest>(?: \S+=\S+)*)\s*$")
+_VERL_STEP = re.compile(r"^step:(?P<step>\d+) - (?P<rest>.*)$")
+_VERL_REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
+
+
+def parse_progress(line: str, total_steps: int) -> TrainProgress | None:
+    """The TrainProgress a trainer log line reports, or None for any other line."""
+    if match := _TRL_STEP.match(line.strip()):
+        metrics = _numbers(pair.split("=", 1) for pair in match["rest"].split())
+        return TrainProgress(int(match["step"]), int(match["total"]), metrics.get("reward"), metrics)
+    if match := _VERL_STEP.match(line.strip()):
+        metrics = _numbers(pair.split(":", 1) for pair in match["rest"].split(" - ") if ":" in pair)
+        reward = next((metrics[k] for k in _VERL_REWARD_KEYS if k in metrics), None)
+        return TrainProgress(int(match["step"]), total_steps, reward, metrics)
+    return None
+
+
+def _numbers(pairs) -> dict[str, float]:
+    out = {}
+    for key, value in pairs:
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            continue
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,8 +103,10 @@ def provision(cfg: RunConfig, run_id: str) -> Cluster:
 
 
 def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str,
-          on_line: LineSink | None = None) -> TrainResult:
+          on_line: LineSink | None = None, on_progress: ProgressSink | None = None) -> TrainResult:
     """Plan the backend's command, run it on the cluster, stream its log; resumes from the latest checkpoint.
+
+    on_line gets every log line; on_progress gets a TrainProgress for every step line the trainer logs.
 
     Raises Preempted when the job's process or machines were taken away (a retry resumes), TrainingError
     when the training code failed.
@@ -74,6 +122,8 @@ def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str
     try:
         for line in provider.logs(job, follow=True):
             sink(line)
+            if on_progress is not None and (progress := parse_progress(line, spec.total_steps)) is not None:
+                on_progress(progress)
     except BaseException:
         provider.cancel(job)
         raise
@@ -91,7 +141,7 @@ def evaluate(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: st
     from verl_grpo.evaluate import evaluate_model
 
     store = Store.from_config(cfg.storage)
-    report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress)
+    report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress, **eval_options(cfg))
     store.write_text(report.model_dump_json(indent=1), run_dir(run_id), "eval", f"{report.split}.json")
     return report
 
@@ -103,18 +153,39 @@ def evaluate_base(cfg: RunConfig, dataset: DatasetVersion,
     from verl_grpo.models import resolve_model
 
     store = Store.from_config(cfg.storage)
-    return evaluate_cached(cfg, str(resolve_model(cfg.model.name)), dataset, store, progress=progress)
+    return evaluate_cached(cfg, str(resolve_model(cfg.model.name)), dataset, store, progress=progress,
+                           **eval_options(cfg))
+
+
+def eval_options(cfg: RunConfig) -> dict:
+    return {"samples": cfg.eval.samples, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
+            "threads": cfg.eval.threads}
 
 
 def register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
              base_report: EvalReport | None, tags: dict[str, str] | None = None) -> ModelVersion:
-    from verl_grpo.registry import register_run
+    from verl_grpo.registry import champion_needs_reeval, register_run
 
     store = Store.from_config(cfg.storage)
+    champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, report) else None
     version = register_run(cfg, run_id=run_id, dataset=dataset, train=result, report=report,
-                           base_report=base_report, store=store, tags=tags or {})
+                           base_report=base_report, store=store, tags=tags or {},
+                           promotion_p_value=cfg.tracking.promotion_p_value, champion_report=champion_report)
     runs.mark_run(store, run_id, "completed", model_version=version.version, model_name=version.name)
     return version
+
+
+def evaluate_champion(cfg: RunConfig, dataset: DatasetVersion) -> EvalReport:
+    """The current champion re-evaluated with tonight's settings (cached), so a settings change never blocks promotion."""
+    import tempfile
+
+    from verl_grpo.evaluate import evaluate_cached
+    from verl_grpo.registry import download_version
+
+    with tempfile.TemporaryDirectory(prefix="champion-") as dst:
+        model_dir = download_version(cfg.tracking.mlflow_uri, cfg.registered_model_name, "champion", Path(dst))
+        # Cached by the model files' content hash, so a later night with the same champion skips generation.
+        return evaluate_cached(cfg, str(model_dir), dataset, Store.from_config(cfg.storage), **eval_options(cfg))
 
 
 def teardown(cfg: RunConfig, cluster: Cluster) -> None:

@@ -48,7 +48,7 @@ def test_flow_end_to_end(prefect_harness, tiny_overrides, tmp_path):
     mlflow_run = client.get_run(summary["mlflow_run_id"])
     assert "eval/accuracy" in mlflow_run.data.metrics
     assert mlflow_run.data.metrics["eval/accuracy"] == pytest.approx(summary["accuracy"])
-    assert len(client.get_metric_history(mlflow_run.info.run_id, "train/reward")) == 4
+    assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "train/reward")] == [1, 2, 3, 4]
     assert mlflow_run.data.params["algorithm.rollouts"] == "2"
 
     # Registry: one version whose files load back with transformers and generate.

@@ -86,8 +86,8 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
     assert run.data.tags["dataset.hash"] == "h1" and run.data.tags["git.sha"] == "abc123"
     assert run.data.tags["checkpoint_uri"].endswith("global_step_3")
     assert run.data.params["algorithm.rollouts"] == "4" and run.data.params["eval.limit"] == "50"
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "loss")] == [1.0, 0.5, 1.0 / 3]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1.0, 0.5, 1.0 / 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/reward/mean")] == [1, 2, 3]
     assert run.data.metrics["eval/accuracy"] == 0.25 and run.data.metrics["delta/accuracy"] == 0.25
     assert run.data.metrics["eval/pass_at_4"] == 0.25 and "delta/n" not in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
@@ -119,7 +119,7 @@ def test_retry_reuses_run_and_version(env, tiny_model_dir):
     client = MlflowClient(cfg.tracking.mlflow_uri)
     assert len(client.search_model_versions("name='verl-grpo-gsm8k'")) == 1
     assert len(client.search_runs([client.get_experiment_by_name("verl-grpo/gsm8k").experiment_id])) == 1
-    assert len(client.get_metric_history(first.mlflow_run_id, "loss")) == 3
+    assert len(client.get_metric_history(first.mlflow_run_id, "train/loss")) == 3
 
 
 def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_model_dir):

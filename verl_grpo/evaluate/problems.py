@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 
 from verl_grpo.contracts import DatasetVersion
+from verl_grpo.data import load_split
 from verl_grpo.errors import DataError
-from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store import Store
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 
@@ -37,19 +38,7 @@ def load_split_frame(dataset: DatasetVersion, split: str, store: Store) -> pd.Da
             f"dataset {dataset.name}@{dataset.hash} has no split {split!r} (has: {', '.join(dataset.splits)}); "
             f"set eval.split to one of them"
         )
-    try:
-        from verl_grpo.data import load_split  # the data package's reader, when it provides one
-    except ImportError:
-        load_split = None
-    if load_split is not None:
-        return load_split(dataset, split, store)
-    uri = dataset.splits[split]
-    try:
-        with store.fs.open(strip_scheme(uri), "rb") as f:
-            return pd.read_parquet(f)
-    except FileNotFoundError:
-        raise DataError(f"split {split!r} of dataset {dataset.name}@{dataset.hash} is missing at {uri}; "
-                        "re-run data preparation") from None
+    return load_split(dataset, split, store)
 
 
 def select_subset(n_rows: int, limit: int | None, seed: int) -> list[int]:

@@ -93,6 +93,14 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
                         decision=decision)
 
 
+def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:
+    """True when a champion exists but was evaluated with other split/settings than `report` (not comparable)."""
+    champion = version_by_alias(tracking.client_for(cfg.tracking.mlflow_uri), cfg.registered_model_name, "champion")
+    if champion is None:
+        return False
+    return champion.tags.get(SETTINGS_TAG) != report.settings_key or champion.tags.get(SPLIT_TAG) != report.split
+
+
 def eval_summary(report: EvalReport, base_report: EvalReport | None) -> dict[str, float]:
     """`eval/<m>`, and with a base report `base/<m>` and `delta/<m>` (eval minus base) for shared metrics."""
     out = {f"eval/{k}": v for k, v in report.metrics.items()}

@@ -145,7 +145,7 @@ def log_training_metrics(client: MlflowClient, mlflow_run_id: str, store: Store,
 
 
 def training_points(lines: Iterable[str]) -> Iterator[Metric]:
-    """`{"step": 3, "loss": 0.1, "reward/mean": 0.5, ...}` lines → one Metric per numeric field."""
+    """`{"step": 3, "loss": 0.1, "reward/mean": 0.5, ...}` lines → one `train/<field>` Metric per numeric field."""
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -161,7 +161,7 @@ def training_points(lines: Iterable[str]) -> Iterator[Metric]:
             if key in {"step", "timestamp", "time"} or isinstance(value, bool):
                 continue
             if isinstance(value, (int, float)):
-                yield Metric(metric_name(key), float(value), millis, step)
+                yield Metric(metric_name(f"train/{key}"), float(value), millis, step)
 
 
 def _read_lines(store: Store, uri: str) -> list[str] | None:

@@ -11,6 +11,7 @@ import re
 from fractions import Fraction
 
 from verl_grpo.errors import DataError
+from verl_grpo.latex import last_boxed
 from verl_grpo.rewards.common import (
     Response,
     answer_block_score,
@@ -40,25 +41,6 @@ _HASHES = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*([^\n]*)", re.I)
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|mathrm|textbf|mathbf)\s*\{([^{}]*)\}")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None without one."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
 
 
 def _normalise(text: str) -> str:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from verl_grpo.errors import DataError
+from verl_grpo.latex import last_boxed
 from verl_grpo.rewards.common import (
     Response,
     check_weights,
@@ -28,7 +29,6 @@ from verl_grpo.rewards.common import (
     thinking_score,
     weighted_total,
 )
-from verl_grpo.rewards.gsm8k import last_boxed
 
 WEIGHTS: dict[str, float] = {
     "correctness": 0.7,
