@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast bench lock clean
+.PHONY: install run test test-fast bench lock clean serve stop
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,15 @@ test-fast: install
 bench: install
 	mkdir -p bench/results
 	set -e; for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b; done
+
+# Local Prefect server (127.0.0.1:$(PREFECT_SERVER_PORT), SQLite in .state/prefect), the verl-grpo deployments
+# and a process worker, in the background; PIDs and logs in .state/prefect. `make stop` stops them by PID.
+PREFECT_SERVER_PORT ?= 4200
+serve: install
+	PREFECT_SERVER_PORT=$(PREFECT_SERVER_PORT) VENV=$(abspath $(VENV)) infra/prefect/serve.sh
+
+stop:
+	infra/prefect/stop.sh
 
 # Re-resolve the pinned lock (uv resolves in seconds where pip backtracks for many minutes).
 lock: install

@@ -106,11 +106,21 @@ def permanent_error(what: str, where: str, exc: BaseException) -> ConfigError | 
 class CheckpointStore:
     """Checkpoints of runs under `{store}/runs/{run_id}/checkpoints/global_step_{N}/`."""
 
-    def __init__(self, store: Store, *, retries: int = 4, backoff_s: float = 1.0, concurrency: int = 8):
+    def __init__(self, store: Store, *, retries: int = 4, backoff_s: float = 1.0, concurrency: int = 4,
+                 part_size: int = PART_SIZE, part_concurrency: int = 4):
+        if retries < 1:
+            raise ConfigError(f"storage.upload_retries must be >= 1 (got {retries})")
         self.store = store
-        self.concurrency = concurrency
         self.retries = retries
         self.backoff_s = backoff_s
+        self.concurrency = concurrency
+        self.part_size = part_size
+        self.part_concurrency = part_concurrency
+
+    @classmethod
+    def from_config(cls, store: Store, storage: Any) -> "CheckpointStore":
+        """A store with the retry budget of a StorageConfig (`upload_retries`, `upload_backoff_s`)."""
+        return cls(store, retries=storage.upload_retries, backoff_s=storage.upload_backoff_s)
 
     def save(self, run_id: str, step: int, local_dir: Path, state: dict[str, Any] | None = None) -> CheckpointRef:
         """Upload every file of local_dir, then commit by writing the manifest."""
@@ -123,28 +133,33 @@ class CheckpointStore:
         def upload(path: Path) -> dict[str, Any]:
             rel = path.relative_to(local_dir).as_posix()
             entry = {"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)}
-            self._with_retries(f"upload {rel}", lambda: self.store.put_file(path, *base, rel))
+            self.retrying(f"upload {rel}", lambda: self._put(path, *base, rel))
             return entry
 
         # Large files first so the slowest upload starts earliest.
         files.sort(key=lambda p: -p.stat().st_size)
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            entries = sorted(pool.map(upload, files), key=lambda e: e["path"])
-        manifest = {
-            "run_id": run_id,
-            "step": step,
-            "files": entries,
-            "state": state or {},
-            "created_at": time.time(),
-        }
-        self._with_retries("commit manifest", lambda: self.store.write_text(json.dumps(manifest, indent=1), *base, MANIFEST))
+        try:
+            with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckpt-file") as pool:
+                entries = sorted(pool.map(upload, files), key=lambda e: e["path"])
+            manifest = {
+                "run_id": run_id,
+                "step": step,
+                "files": entries,
+                "state": state or {},
+                "created_at": time.time(),
+            }
+            self.retrying("commit manifest",
+                          lambda: self.store.write_text(json.dumps(manifest, indent=1), *base, MANIFEST))
+        except InfraError as e:
+            raise InfraError(f"{e}; checkpoint step {step} is not committed, its files are kept at {local_dir}") from e
         log.info("checkpoint step %d committed (%d files) at %s", step, len(entries), self.store.url(*base))
         return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(*base))
 
     def steps(self, run_id: str) -> list[int]:
         """Steps with a checkpoint directory (complete or not), ascending."""
         out = []
-        for name in self.store.listdir(checkpoints_dir(run_id)):
+        names = self.retrying("list checkpoints", lambda: self.store.listdir(checkpoints_dir(run_id)))
+        for name in names:
             if name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX) :].isdigit():
                 out.append(int(name[len(STEP_PREFIX) :]))
         return sorted(out)
@@ -152,7 +167,9 @@ class CheckpointStore:
     def manifest(self, run_id: str, step: int) -> dict[str, Any] | None:
         """The manifest of a committed checkpoint, or None when it is missing or torn."""
         try:
-            data = json.loads(self.store.read_text(checkpoints_dir(run_id), step_dir_name(step), MANIFEST))
+            text = self.retrying(f"read manifest of step {step}", lambda: self.store.read_text(
+                checkpoints_dir(run_id), step_dir_name(step), MANIFEST))
+            data = json.loads(text)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         if data.get("step") != step or not isinstance(data.get("files"), list):
@@ -183,8 +200,10 @@ class CheckpointStore:
             dest = local_dir / entry["path"]
             dest.parent.mkdir(parents=True, exist_ok=True)
             if not (dest.is_file() and dest.stat().st_size == entry["size"] and sha256_file(dest) == entry["sha256"]):
+                # Unlink first: a leftover may share its inode (hard link) with a snapshot still to be uploaded.
+                dest.unlink(missing_ok=True)
                 remote = self.store.path(*base, entry["path"])
-                self._with_retries(f"download {entry['path']}", lambda r=remote, d=dest: self.store.fs.get_file(r, str(d)))
+                self.retrying(f"download {entry['path']}", lambda r=remote, d=dest: self.store.fs.get_file(r, str(d)))
             if dest.stat().st_size != entry["size"] or sha256_file(dest) != entry["sha256"]:
                 raise InfraError(
                     f"checkpoint {ref.uri}: {entry['path']} does not match its manifest (size/sha256); "
@@ -203,40 +222,70 @@ class CheckpointStore:
         removed = [s for s in steps if s not in kept and s < newest]
         for step in removed:
             # Remove the manifest first so a half-deleted checkpoint is never seen as complete.
-            self.store.rm(checkpoints_dir(run_id), step_dir_name(step), MANIFEST)
-            self.store.rm(checkpoints_dir(run_id), step_dir_name(step))
+            self.retrying(f"delete step {step}", lambda s=step: (
+                self.store.rm(checkpoints_dir(run_id), step_dir_name(s), MANIFEST),
+                self.store.rm(checkpoints_dir(run_id), step_dir_name(s))))
         return removed
+
+    def retrying(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn(), retried with exponential backoff on store/network errors within the retry budget.
+
+        Disk-full and permission errors fail at once (ConfigError); a missing file is re-raised as is.
+        """
+        delay = self.backoff_s
+        started = time.monotonic()
+        for attempt in itertools.count(1):
+            try:
+                return fn()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                raise
+            except _TRANSIENT as e:
+                permanent = permanent_error(f"checkpoint store {self.store.uri}: {what}", self.store.uri, e)
+                if permanent is not None:
+                    raise permanent from e
+                if attempt >= self.retries:
+                    raise InfraError(
+                        f"checkpoint store {self.store.uri}: {what} still failing after {attempt} attempts in "
+                        f"{time.monotonic() - started:.0f}s, the retry budget (storage.upload_retries={self.retries}, "
+                        f"storage.upload_backoff_s={self.backoff_s}); last error: {type(e).__name__}: {e}"
+                    ) from e
+                log.warning("checkpoint store: %s failed (%s); retry %d in %.1fs", what, e, attempt, delay)
+                time.sleep(delay)
+                delay *= 2
+
+    def _put(self, local: Path, *parts: str) -> None:
+        if self.store.is_local:
+            self.store.put_file(local, *parts)
+            return
+        # s3fs multipart-uploads above 2 × chunksize; bounded parts keep memory per file small.
+        self.store.fs.put_file(str(local), self.store.path(*parts), chunksize=self.part_size,
+                               max_concurrency=self.part_concurrency)
 
     def _files_present(self, run_id: str, step: int, manifest: dict[str, Any]) -> bool:
         base = self.store.path(checkpoints_dir(run_id), step_dir_name(step))
         try:
-            sizes = {p[len(base) :].lstrip("/"): info.get("size") for p, info in self.store.fs.find(base, detail=True).items()}
+            found = self.retrying(f"list files of step {step}", lambda: self.store.fs.find(base, detail=True))
         except FileNotFoundError:
             return False
+        sizes = {p[len(base) :].lstrip("/"): info.get("size") for p, info in found.items()}
         return all(sizes.get(e["path"]) == e["size"] for e in manifest["files"])
-
-    def _with_retries(self, what: str, fn: Callable[[], Any]) -> Any:
-        delay = self.backoff_s
-        for attempt in itertools.count(1):
-            try:
-                return fn()
-            except (InfraError, OSError) as e:
-                if attempt == self.retries:
-                    raise InfraError(f"checkpoint store {self.store.uri}: {what} failed after {attempt} attempts: {e}") from e
-                log.warning("checkpoint store: %s failed (%s); retry %d in %.1fs", what, e, attempt, delay)
-                time.sleep(delay)
-                delay *= 2
 
 
 class BackgroundSaver:
     """Uploads checkpoints in a background thread so training does not stall on the store.
 
-    Training waits only when the previous upload is still running at the next save (bounded memory:
-    at most one checkpoint in flight). Errors surface at the next `submit` or at `wait`.
+    With a `staging_dir`, `submit` first snapshots the checkpoint dir there with hard links (a trainer
+    such as HF's deletes its previous checkpoint dir at the next save); without one, the caller keeps
+    `local_dir` unchanged until it is committed. Then `submit` waits for the previous upload (at most one checkpoint
+    in flight) and hands the snapshot to the upload thread. Errors surface at the next `submit` or at
+    `close`. A snapshot stays on disk until its manifest is committed; `commit_pending` uploads the ones a
+    crashed process left behind.
     """
 
-    def __init__(self, checkpoints: CheckpointStore, on_committed: Callable[[CheckpointRef], None] | None = None):
+    def __init__(self, checkpoints: CheckpointStore, on_committed: Callable[[CheckpointRef], None] | None = None,
+                 staging_dir: Path | None = None):
         self.checkpoints = checkpoints
+        self.staging_dir = Path(staging_dir) if staging_dir is not None else None
         self.on_committed = on_committed
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
         self._pending: Future | None = None
@@ -244,10 +293,13 @@ class BackgroundSaver:
         """Total time training spent blocked on a previous upload."""
 
     def submit(self, run_id: str, step: int, local_dir: Path, state: dict[str, Any] | None = None) -> None:
+        snapshot = self._snapshot(run_id, step, Path(local_dir), state) if self.staging_dir else Path(local_dir)
         start = time.monotonic()
-        self.wait()
-        self.waited_s += time.monotonic() - start
-        self._pending = self._executor.submit(self._save, run_id, step, Path(local_dir), state)
+        try:
+            self.wait()
+        finally:
+            self.waited_s += time.monotonic() - start
+        self._pending = self._executor.submit(self._commit, run_id, step, snapshot, state)
 
     def wait(self) -> CheckpointRef | None:
         """Block until the in-flight upload (if any) is committed; re-raises its error."""
@@ -255,13 +307,76 @@ class BackgroundSaver:
         return pending.result() if pending is not None else None
 
     def close(self) -> CheckpointRef | None:
+        """Wait for the last upload and stop the thread; re-raises its error."""
         try:
             return self.wait()
         finally:
             self._executor.shutdown(wait=True)
 
-    def _save(self, run_id: str, step: int, local_dir: Path, state: dict[str, Any] | None) -> CheckpointRef:
-        ref = self.checkpoints.save(run_id, step, local_dir, state)
+    def abandon(self) -> None:
+        """The failure path: let the in-flight upload finish (it is a valid checkpoint) and log, not raise, its error."""
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001 - the caller is already propagating the error that matters
+            log.warning("checkpoint upload failed while the trainer was stopping: %s", e)
+
+    def commit_pending(self, run_id: str) -> list[CheckpointRef]:
+        """Commit snapshots of `run_id` that a previous process staged but did not finish uploading.
+
+        Only snapshots newer than the store's latest complete checkpoint are uploaded (oldest first);
+        stale or half-made ones are deleted.
+        """
+        if self.staging_dir is None or not self.staging_dir.is_dir():
+            return []
+        latest = self.checkpoints.latest_complete(run_id)
+        committed: list[CheckpointRef] = []
+        for sidecar in sorted(self.staging_dir.glob(f"{STEP_PREFIX}*.json"), key=_sidecar_step):
+            meta = json.loads(sidecar.read_text())
+            snapshot = sidecar.with_suffix("")
+            if meta.get("run_id") == run_id and snapshot.is_dir() and (latest is None or meta["step"] > latest.step):
+                log.info("committing step %d left staged by a previous attempt", meta["step"])
+                committed.append(self._commit(run_id, meta["step"], snapshot, meta.get("state")))
+            else:
+                _discard(snapshot, sidecar)
+        for orphan in self.staging_dir.glob(f"{STEP_PREFIX}*"):
+            if orphan.is_dir() and not orphan.with_suffix(".json").exists():
+                shutil.rmtree(orphan, ignore_errors=True)  # a snapshot cut short before its sidecar was written
+        return committed
+
+    def _snapshot(self, run_id: str, step: int, local_dir: Path, state: dict[str, Any] | None) -> Path:
+        assert self.staging_dir is not None
+        dest = self.staging_dir / step_dir_name(step)
+        sidecar = dest.with_suffix(".json")
+        _discard(dest, sidecar)
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(local_dir, dest, copy_function=_link_or_copy)
+        # The sidecar marks the snapshot complete; written atomically, after every file.
+        tmp = sidecar.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run_id": run_id, "step": step, "state": state or {}}))
+        tmp.replace(sidecar)
+        return dest
+
+    def _commit(self, run_id: str, step: int, snapshot: Path, state: dict[str, Any] | None) -> CheckpointRef:
+        ref = self.checkpoints.save(run_id, step, snapshot, state)
+        if self.staging_dir is not None:
+            _discard(snapshot, snapshot.with_suffix(".json"))
         if self.on_committed is not None:
             self.on_committed(ref)
         return ref
+
+
+def _sidecar_step(path: Path) -> int:
+    digits = path.name[len(STEP_PREFIX) :].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else -1
+
+
+def _discard(snapshot: Path, sidecar: Path) -> None:
+    sidecar.unlink(missing_ok=True)  # first: a snapshot without its sidecar is never committed
+    shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem or no hard links: a copy is slower but equivalent
+        shutil.copy2(src, dst)

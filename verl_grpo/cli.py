@@ -239,6 +239,47 @@ def _state_prefect_home() -> Path:
     return state_dir() / "prefect"
 
 
+@main.group()
+def models() -> None:
+    """Registered model versions in MLflow: list them, compare some."""
+
+
+@models.command("list")
+@_config_options
+@click.argument("name", required=False)
+@_user_errors
+def models_list(configs: tuple[str, ...], overrides: tuple[str, ...], name: str | None) -> None:
+    """Every version of NAME (default: the config's registered model), newest first."""
+    _print_versions(_load(configs, overrides), name, ())
+
+
+@models.command("compare")
+@_config_options
+@click.argument("name")
+@click.argument("versions", nargs=-1)
+@_user_errors
+def models_compare(configs: tuple[str, ...], overrides: tuple[str, ...], name: str, versions: tuple[str, ...]) -> None:
+    """Side by side: VERSIONS of NAME (numbers or aliases such as champion/challenger; default all)."""
+    _print_versions(_load(configs, overrides), name, versions)
+
+
+def _print_versions(cfg, name: str | None, versions: tuple[str, ...]) -> None:
+    from verl_grpo.registry import list_models
+    from verl_grpo.summary import versions_table
+
+    rows = list_models(cfg, name)
+    if versions:
+        wanted = set(versions)
+        rows = [r for r in rows if str(r["version"]) in wanted or wanted & set(r["aliases"])]
+        missing = wanted - {str(r["version"]) for r in rows} - {a for r in rows for a in r["aliases"]}
+        if missing:
+            raise ConfigError(f"model {name or cfg.registered_model_name} has no version or alias {', '.join(sorted(missing))}")
+    if not rows:
+        click.echo(f"no registered versions of {name or cfg.registered_model_name} at {cfg.tracking.mlflow_uri}")
+        return
+    click.echo(versions_table(rows))
+
+
 @main.command()
 @click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp"]), help="Which scorer to use.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))

@@ -124,6 +124,11 @@ class StorageConfig(_Section):
     """S3-compatible endpoint (MinIO, moto, R2); None uses AWS. Credentials come from the environment only."""
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per run (plus the best by eval metric when one is known)."""
+    upload_retries: int = Field(6, ge=1)
+    """Attempts per checkpoint transfer (file upload, manifest commit, download) before the run fails with a
+    retryable InfraError; with upload_backoff_s=1 the default rides out a store outage of about a minute."""
+    upload_backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first retry of a checkpoint transfer; it doubles after each failed attempt."""
 
     @field_validator("uri")
     @classmethod
@@ -229,6 +234,93 @@ class SkyPilotConfig(_Section):
     (no provisioning, no managed-job recovery; multinode shape only); None launches a managed job."""
 
 
+ServiceName = Literal["data", "reward", "retrieval", "replay"]
+
+
+class DataServerConfig(_Section):
+    """Settings of the data-server (prompt batches from the prepared parquet)."""
+
+    seed: int = 0
+    """Seed of the per-epoch shuffle (epoch e is ordered by a permutation seeded with (seed, e))."""
+    max_batch: int = Field(1024, ge=1)
+    """Largest `size` a GET /batch may ask for."""
+
+
+class RewardServerConfig(_Section):
+    """Settings of the reward-server (rule-based scorers, or a neural reward model behind the same API)."""
+
+    reward_model: str | None = None
+    """Path of a Hugging Face sequence-classification model to score with; None uses the rule-based scorers."""
+    max_items: int = Field(4096, ge=1)
+    """Largest number of items in one POST /batch_reward."""
+    model_batch_size: int = Field(16, ge=1)
+    """Responses per forward pass of the neural reward model."""
+
+
+class RetrievalServerConfig(_Section):
+    """Settings of the retrieval-server (FAISS over MiniLM embeddings of a passage corpus)."""
+
+    index: str = "squad-dev"
+    """Name of the index in the store (`retrieval/{index}/`); built from `corpus` on first start when missing."""
+    corpus: str | None = None
+    """SQuAD-format JSON whose paragraphs are the passages; None means `<data mirror>/squad/dev-v1.1.json`."""
+    index_kind: Literal["hnsw", "flat"] = "hnsw"
+    """FAISS index type: `hnsw` (approximate, scales to large corpora) or `flat` (exact inner product)."""
+    default_top_k: int = Field(3, ge=1)
+    """Passages per query when a request gives no top_k."""
+    max_top_k: int = Field(50, ge=1)
+    """Largest top_k a request may ask for."""
+    max_queries: int = Field(256, ge=1)
+    """Largest number of queries in one POST /retrieve."""
+
+
+class ReplayBufferConfig(_Section):
+    """Settings of the replay buffer (priority sampling by reward, bounded, persisted to the store)."""
+
+    capacity: int = Field(10000, ge=1)
+    """Items kept; adding beyond it evicts the oldest."""
+    alpha: float = Field(0.6, ge=0)
+    """Priority exponent: an item is sampled with probability ∝ (reward - min reward + eps)^alpha (0 = uniform)."""
+    compact_every: int = Field(64, ge=1)
+    """Fold the add-log into one snapshot every this many adds (bounds restart time)."""
+
+
+class ServicesConfig(_Section):
+    """The job group's auxiliary services; the local provider starts the enabled ones on 127.0.0.1.
+
+    A bare list is accepted as shorthand: `services: [reward, retrieval]`.
+    """
+
+    enabled: list[ServiceName] = Field(default_factory=list)
+    """Services to run beside training: data, reward, retrieval, replay."""
+    termination_delay_s: float = Field(10.0, ge=0)
+    """Seconds the services outlive training (or its failure) before they are stopped."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """Seconds a service may take to answer /health (the retrieval-server builds its index on first start)."""
+    token_env: str = "VERL_GRPO_SERVICES_TOKEN"
+    """Env var holding the bearer token (or `<token_env>_FILE` a file with it); locally a fresh token per run."""
+    max_body_bytes: int = Field(8 << 20, ge=1024)
+    """Largest request body any service accepts (413 beyond it)."""
+    data: DataServerConfig = Field(default_factory=DataServerConfig)
+    """data-server settings."""
+    reward: RewardServerConfig = Field(default_factory=RewardServerConfig)
+    """reward-server settings."""
+    retrieval: RetrievalServerConfig = Field(default_factory=RetrievalServerConfig)
+    """retrieval-server settings."""
+    replay: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
+    """replay-buffer settings."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_shorthand(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, list) else value
+
+    @field_validator("enabled")
+    @classmethod
+    def _unique(cls, enabled: list[str]) -> list[str]:
+        return list(dict.fromkeys(enabled))
+
+
 class RunConfig(_Section):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     """Training data."""
@@ -250,6 +342,8 @@ class RunConfig(_Section):
     """verl backend settings."""
     skypilot: SkyPilotConfig = Field(default_factory=SkyPilotConfig)
     """SkyPilot provider settings."""
+    services: ServicesConfig = Field(default_factory=ServicesConfig)
+    """Auxiliary services (data, reward, retrieval, replay) run beside training."""
 
     @property
     def experiment_name(self) -> str:

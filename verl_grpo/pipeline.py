@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from verl_grpo import runs
 from verl_grpo.config import RunConfig, load_config

@@ -37,3 +37,23 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:+.4f}" if v < 0 else f"{v:.4f}"
     return "" if v is None else str(v)
+
+
+VERSION_COLUMNS = ("version", "aliases", "accuracy", "delta_accuracy", "steps", "dataset_hash", "decision", "created")
+
+
+def versions_table(rows: list[dict]) -> str:
+    """Registered versions as an aligned text table (the same rows feed the Prefect table artifact)."""
+    cells = [[_cell(row.get(col)) for col in VERSION_COLUMNS] for row in rows]
+    headers = ["version", "aliases", "accuracy", "delta vs base", "steps", "dataset", "decision", "created"]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(c) for c in cells)])
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(value) or "-"
+    if isinstance(value, float):
+        return f"{value:+.4f}" if value < 0 else f"{value:.4f}"
+    return "-" if value in (None, "") else str(value)[:48]

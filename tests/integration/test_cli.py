@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from verl_grpo.cli import main
 
-COMMANDS = ["run", "prepare", "train", "evaluate", "register", "validate", "score", "launch"]
+COMMANDS = ["run", "prepare", "train", "evaluate", "register", "validate", "score", "launch", "models"]
 
 
 @pytest.fixture

@@ -38,3 +38,12 @@ def test_metric_names_are_made_valid_for_mlflow():
     assert metric_name("eval/pass@4") == "eval/pass_at_4"
     assert metric_name("reward/strict_format") == "reward/strict_format"
     assert metric_name("a(b)") == "a_b_"
+
+
+def test_pointers_to_secrets_are_not_secrets():
+    from verl_grpo.registry.secrets import assert_no_secrets, is_secret_key
+
+    assert not is_secret_key("services.token_env") and not is_secret_key("services.token_file")
+    assert_no_secrets({"services.token_env": "VERL_GRPO_SERVICE_TOKEN"}, "params")
+    with pytest.raises(ConfigError):
+        assert_no_secrets({"services.token_env": "hf_" + "a" * 34}, "params")

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
-from verl_grpo.registry import tracking
+from verl_grpo.registry import plots, tracking
 from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, PROMOTED, Decision, decide
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.registry.versions import (
@@ -74,7 +74,7 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     tracking.log_training_metrics(client, mlflow_run_id, store, train.metrics_uri)
     summary = eval_summary(report, base_report)
     tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step)
-    _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store)
+    _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
 
     name = cfg.registered_model_name
     source = log_hf_model(client, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})")
@@ -129,10 +129,13 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
 
 
 def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
-                   report: EvalReport, base_report: EvalReport | None, store: Store) -> None:
-    """config.yaml, the data manifest and the eval tables + reports (re-logging overwrites the same paths)."""
+                   report: EvalReport, base_report: EvalReport | None, store: Store, metrics_uri: str) -> None:
+    """config.yaml, the data manifest, the eval tables + reports and the two PNG charts (re-logging overwrites)."""
     with tempfile.TemporaryDirectory(prefix="verl-grpo-artifacts-") as tmp:
         root = Path(tmp)
+        lines = tracking.read_lines(store, metrics_uri) or []
+        plots.reward_curve(lines, root / "plots" / "reward_curve.png")
+        plots.accuracy_vs_base(report, base_report, root / "plots" / "accuracy_vs_base.png")
         config_rel = f"{run_dir(run_id)}/config.yaml"
         (root / "config.yaml").write_text(store.read_text(config_rel) if store.exists(config_rel) else cfg.to_yaml())
         manifest = f"{strip_scheme(dataset.uri).rstrip('/')}/manifest.json"

@@ -21,8 +21,11 @@ _SECRET_VALUES = [
 
 def is_secret_key(key: str) -> bool:
     """True when a (dotted) key names a credential: its last segment has a word like token/secret/password,
-    or is a credential kind of key (`key`, `api_key`, `aws_secret_access_key`; not `settings_key`)."""
+    or is a credential kind of key (`key`, `api_key`, `aws_secret_access_key`; not `settings_key`).
+    Keys that point at a secret (`token_env`, `token_file`) are not secrets; their values are still checked."""
     last = key.rsplit(".", 1)[-1].lower()
+    if last.endswith(("_env", "_env_var", "_file")):
+        return False  # names where the secret lives (an env var, a secret file), not the secret itself
     if any(word in _SECRET_WORDS for word in re.split(r"[_\-\s]+", last)):
         return True
     return last == "key" or bool(_SECRET_KEY_NAME.search(last))

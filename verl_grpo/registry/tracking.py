@@ -134,7 +134,7 @@ def log_training_metrics(client: MlflowClient, mlflow_run_id: str, store: Store,
     run = client.get_run(mlflow_run_id)
     if TRAIN_METRICS_TAG in run.data.tags:
         return int(run.data.tags[TRAIN_METRICS_TAG])
-    lines = _read_lines(store, metrics_uri)
+    lines = read_lines(store, metrics_uri)
     if lines is None:  # not written (yet): a later retry logs them
         return 0
     points = list(training_points(lines))
@@ -164,7 +164,7 @@ def training_points(lines: Iterable[str]) -> Iterator[Metric]:
                 yield Metric(metric_name(f"train/{key}"), float(value), millis, step)
 
 
-def _read_lines(store: Store, uri: str) -> list[str] | None:
+def read_lines(store: Store, uri: str) -> list[str] | None:
     try:
         with store.fs.open(strip_scheme(uri), "r") as f:
             return f.read().splitlines()

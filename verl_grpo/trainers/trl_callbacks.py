@@ -1,4 +1,8 @@
-"""What the TRL worker does around HF Trainer events: metrics.jsonl, progress lines, checkpoint commits, SIGTERM."""
+"""What the TRL worker does around HF Trainer events: metrics.jsonl, progress lines, checkpoint commits, SIGTERM.
+
+Checkpoints are committed by a BackgroundSaver: `on_save` snapshots HF's checkpoint dir and returns while
+the upload runs, so the next steps train during the upload.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
 
@@ -83,10 +87,11 @@ class Termination:
 
 
 class StoreCallback(TrainerCallback):
-    """Per log: a metrics line + a progress line. Per save: commit the checkpoint (with metrics) to the store."""
+    """Per log: a metrics line + a progress line. Per save: hand the checkpoint (with metrics) to the saver."""
 
     def __init__(self, *, run_id: str, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
-                 keep_last: int, consumed_prompts: list, termination: Termination, prompts_per_step: int):
+                 keep_last: int, consumed_prompts: list, termination: Termination, prompts_per_step: int,
+                 staging_dir: Path):
         self.run_id = run_id
         self.total_steps = total_steps
         self.metrics = metrics
@@ -97,6 +102,13 @@ class StoreCallback(TrainerCallback):
         self.prompts_per_step = prompts_per_step
         self.last_ref: CheckpointRef | None = None
         self.final_logs: dict[str, float] = {}
+        self.saver = BackgroundSaver(checkpoints, on_committed=self.committed, staging_dir=staging_dir)
+
+    def committed(self, ref: CheckpointRef) -> None:
+        """Runs on the upload thread once a checkpoint's manifest is written: retention, then the log line."""
+        self.last_ref = ref
+        self.checkpoints.prune(self.run_id, self.keep_last)
+        say(f"checkpoint step {ref.step} committed to {ref.uri}")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
@@ -114,7 +126,7 @@ class StoreCallback(TrainerCallback):
         record["prompt_indices"] = list(self.consumed_prompts)
         self.consumed_prompts.clear()
         self.metrics.append(record)
-        print(progress_line(record, self.total_steps), flush=True)
+        say(progress_line(record, self.total_steps))
 
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step
@@ -127,10 +139,15 @@ class StoreCallback(TrainerCallback):
             "epoch": state.epoch,
             "prompts_consumed": step * self.prompts_per_step,
         }
+        # Returns once the previous upload is done (bounded memory and disk) and this one is queued.
         with self.termination.upload():
-            self.last_ref = self.checkpoints.save(self.run_id, step, ckpt_dir, data_state)
-            self.checkpoints.prune(self.run_id, self.keep_last)
-        print(f"checkpoint step {step} committed to {self.last_ref.uri}", flush=True)
+            self.saver.submit(self.run_id, step, ckpt_dir, data_state)
+
+
+def say(line: str) -> None:
+    """One whole line to stdout: the upload thread and the training thread both report progress."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def progress_line(record: dict[str, Any], total_steps: int) -> str:

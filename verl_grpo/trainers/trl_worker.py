@@ -3,12 +3,15 @@
 1. Restores the newest committed checkpoint of the run from the store (if any) and resumes from it:
    model, optimizer, scheduler, RNG and data position, so the run continues with the next unseen prompts.
 2. Trains with TRL's GRPOTrainer on the prepared train split, committing a checkpoint to the store every
-   `save_freq` steps (and at the end), with metrics.jsonl inside it.
+   `save_freq` steps (and at the end), with metrics.jsonl inside it. Uploads run in the background; the
+   final checkpoint is committed before the run reports success. A checkpoint a crashed attempt staged
+   but did not upload (`<workdir>/pending_uploads`) is committed by the next attempt before it resumes.
 3. Saves the final HF model to `runs/{run_id}/model`, metrics to `runs/{run_id}/metrics.jsonl`, and the
    TrainResult to `<workdir>/result.json` and `runs/{run_id}/train_result.json`.
 
-Exit codes: 0 done; 2 ConfigError/DataError (user fix); 75 InfraError (retry resumes); 143 SIGTERM;
-1 anything else. Failures also leave `<workdir>/error.json` ({type, message, retryable}).
+Exit codes: 0 done; 2 ConfigError/DataError (user fix, incl. disk full / permission denied on the work
+dir); 75 InfraError (retry resumes); 143 SIGTERM; 1 anything else. Failures also leave
+`<workdir>/error.json` ({type, message, retryable}) when the work dir is writable.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from transformers.utils import logging as hf_logging
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore, permanent_error
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import CheckpointRef, DatasetVersion, TrainResult
 from verl_grpo.errors import ConfigError, DataError, InfraError, VerlGrpoError
@@ -41,10 +44,12 @@ from verl_grpo.trainers.trl_callbacks import (
     MetricsLog,
     StoreCallback,
     Termination,
+    say,
 )
 
 TRAIN_COLUMNS = ("prompt", "data_source", "reward_model", "extra_info")
 CHECKPOINT_PREFIX = "checkpoint-"
+STAGING_DIR = "pending_uploads"
 EXIT_USER_ERROR, EXIT_RETRYABLE, EXIT_FAILED = 2, 75, 1
 
 
@@ -189,41 +194,55 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     cfg = spec.cfg
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
+    check_workdir(spec.workdir)
     store = spec.store
-    checkpoints = CheckpointStore(store)
+    checkpoints = CheckpointStore.from_config(store, cfg.storage)
     metrics = MetricsLog(spec.workdir / METRICS_FILE)
     final_dir = spec.workdir / "final_model"
     if final_dir.exists():
         shutil.rmtree(final_dir)
 
+    # A checkpoint the previous attempt staged but did not upload is work not to lose.
+    BackgroundSaver(checkpoints, staging_dir=spec.workdir / STAGING_DIR).commit_pending(spec.run_id)
     resume_dir, resumed_ref = restore_latest(spec, checkpoints, spec.workdir / "checkpoints", metrics)
     final_logs: dict[str, float] = {}
+    upload_wait_s = 0.0
     if resumed_ref is not None and resumed_ref.step >= cfg.algorithm.total_steps:
         # HF Trainer would run one more step past max_steps; the run is done, only its publishing was cut short.
         print(f"run {spec.run_id} already reached step {resumed_ref.step}; publishing that checkpoint", flush=True)
         export_model(resume_dir, final_dir)
         final_step, last_ref = resumed_ref.step, resumed_ref
     else:
-        final_step, last_ref, final_logs = _train(spec, termination, checkpoints, metrics, resume_dir, final_dir)
+        final_step, last_ref, final_logs, upload_wait_s = _train(spec, termination, checkpoints, metrics, resume_dir,
+                                                                 final_dir)
         last_ref = last_ref or resumed_ref
 
     with termination.upload():
-        store.rm(model_dir(spec.run_id))
-        model_uri = store.put_dir(final_dir, model_dir(spec.run_id))
-        metrics_uri = store.put_file(metrics.path, run_dir(spec.run_id), METRICS_FILE)
+        retrying = checkpoints.retrying  # the final publish rides out store outages like checkpoints do
+        retrying("remove the previous model", lambda: store.rm(model_dir(spec.run_id)))
+        model_uri = retrying("upload the final model", lambda: store.put_dir(final_dir, model_dir(spec.run_id)))
+        metrics_uri = retrying("upload metrics",
+                               lambda: store.put_file(metrics.path, run_dir(spec.run_id), METRICS_FILE))
+        summary = summarize(metrics.records(), final_logs)
+        summary["checkpoint_wait_s"] = upload_wait_s
         result = TrainResult(
             run_id=spec.run_id, final_step=final_step, checkpoint=last_ref or checkpoints.latest_complete(spec.run_id),
-            model_uri=model_uri, metrics_uri=metrics_uri, summary=summarize(metrics.records(), final_logs),
+            model_uri=model_uri, metrics_uri=metrics_uri, summary=summary,
         )
-        store.write_text(result.model_dump_json(indent=1), run_dir(spec.run_id), "train_result.json")
+        retrying("write train_result.json", lambda: store.write_text(result.model_dump_json(indent=1),
+                                                                    run_dir(spec.run_id), "train_result.json"))
     _write_json_atomic(spec.workdir / RESULT_FILE, json.loads(result.model_dump_json()))
     print(f"training done: step {final_step}, model at {model_uri}", flush=True)
     return result
 
 
 def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointStore, metrics: MetricsLog,
-           resume_dir: Path | None, final_dir: Path) -> tuple[int, CheckpointRef | None, dict[str, float]]:
-    """Run GRPOTrainer to total_steps and save the final model into final_dir."""
+           resume_dir: Path | None, final_dir: Path) -> tuple[int, CheckpointRef | None, dict[str, float], float]:
+    """Run GRPOTrainer to total_steps and save the final model into final_dir.
+
+    Returns the final step, its committed checkpoint, HF's end-of-training logs and the seconds training
+    waited for checkpoint uploads. The last upload is committed before this returns.
+    """
     cfg = spec.cfg
     train_dataset = load_train_dataset(spec, spec.store)
     reward_funcs, reward_weights = _reward_functions(cfg.dataset.name)
@@ -233,15 +252,35 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     callback = StoreCallback(
         run_id=spec.run_id, total_steps=cfg.algorithm.total_steps, metrics=metrics, checkpoints=checkpoints,
         keep_last=cfg.storage.keep_last, consumed_prompts=consumed, termination=termination,
-        prompts_per_step=batch_layout(cfg).prompts_per_step,
+        prompts_per_step=batch_layout(cfg).prompts_per_step, staging_dir=spec.workdir / STAGING_DIR,
     )
     trainer = RecordingGRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
                                    train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback])
     trainer.consumed_prompts = consumed
     trainer.remove_callback(PrinterCallback)  # our progress line replaces HF's dict dump
-    trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
-    trainer.save_model(str(final_dir))
-    return trainer.state.global_step, callback.last_ref, callback.final_logs
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+        trainer.save_model(str(final_dir))  # overlaps with the last checkpoint's upload
+    except BaseException:
+        with termination.upload():  # a checkpoint in flight is valid: let it commit, then fail
+            callback.saver.abandon()
+        raise
+    with termination.upload():
+        callback.saver.close()
+    say(f"training waited {callback.saver.waited_s:.2f}s for checkpoint uploads")
+    return trainer.state.global_step, callback.last_ref, callback.final_logs, callback.saver.waited_s
+
+
+def check_workdir(workdir: Path) -> None:
+    """Fail at once, naming the path and the fix, when the work dir cannot be written (not at the first save)."""
+    probe = workdir / f".write-probe-{os.getpid()}"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise permanent_error(f"work dir {workdir}", str(workdir), e) or InfraError(
+            f"work dir {workdir} is not usable ({e}); check the disk it lives on") from e
 
 
 def export_model(checkpoint_dir: Path, final_dir: Path) -> None:
@@ -288,6 +327,48 @@ def _exit_code(exc: BaseException) -> int:
     return EXIT_FAILED
 
 
+def classify(exc: Exception, workdir: Path) -> Exception:
+    """Disk-full / permission trouble anywhere in the cause chain → a ConfigError naming the path and the fix.
+
+    torch.save reports a full disk as a RuntimeError without errno, so a full work dir disk is checked too.
+    """
+    if isinstance(exc, VerlGrpoError):
+        return exc
+    seen: BaseException | None = exc
+    while seen is not None:
+        found = permanent_error("training", str(workdir), seen) if isinstance(seen, OSError) else None
+        if found is not None:
+            return found
+        seen = seen.__cause__ or seen.__context__
+    try:
+        free = shutil.disk_usage(workdir).free
+    except OSError:
+        return exc
+    if free < _DISK_FULL_BYTES:
+        return ConfigError(
+            f"training: the disk holding work dir {workdir} is full ({free} bytes free) — {type(exc).__name__}: "
+            f"{exc}; free space there or point the provider's work dir at a bigger disk"
+        )
+    return exc
+
+
+_DISK_FULL_BYTES = 1 << 20
+
+
+def _report(exc: Exception, error_file: Path) -> None:
+    """A user error is one clear line; anything else keeps its traceback. error.json if the dir allows it."""
+    if isinstance(exc, (ConfigError, DataError)):
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exception(exc, file=sys.stderr)
+    error = {"type": type(exc).__name__, "message": str(exc),
+             "retryable": isinstance(exc, VerlGrpoError) and exc.retryable}
+    try:
+        _write_json_atomic(error_file, error)
+    except OSError as e:
+        print(f"(could not write {error_file}: {e.strerror or e})", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -297,17 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     termination = Termination()
     termination.install()
     spec_path = Path(argv[0])
-    for stale in ("error.json", RESULT_FILE):  # a previous attempt's outcome must not describe this one
-        (spec_path.parent / stale).unlink(missing_ok=True)
     try:
+        for stale in ("error.json", RESULT_FILE):  # a previous attempt's outcome must not describe this one
+            (spec_path.parent / stale).unlink(missing_ok=True)
         spec = load_spec(spec_path)
         run(spec, termination)
         return 0
     except Exception as exc:  # noqa: BLE001 - the process boundary: every failure becomes error.json + exit code
-        traceback.print_exc(file=sys.stderr)
-        error = {"type": type(exc).__name__, "message": str(exc),
-                 "retryable": isinstance(exc, VerlGrpoError) and exc.retryable}
-        _write_json_atomic(spec_path.parent / "error.json", error)
+        exc = classify(exc, spec_path.parent)
+        _report(exc, spec_path.parent / "error.json")
         return _exit_code(exc)
 
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Local Prefect server + verl-grpo deployments + a process worker, all in the background.
+# PIDs and logs in $PREFECT_HOME (default .state/prefect); infra/prefect/stop.sh stops them by PID.
+#   PREFECT_SERVER_PORT (4200)   VERL_GRPO_HOME (.state)   VENV (.venv)   PREFECT_READY_TIMEOUT (180 s)
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+VENV="${VENV:-$REPO/.venv}"
+PORT="${PREFECT_SERVER_PORT:-4200}"
+STATE="${VERL_GRPO_HOME:-$REPO/.state}"
+export PREFECT_HOME="${PREFECT_HOME:-$STATE/prefect}"
+export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
+export PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:///$PREFECT_HOME/prefect.db"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+# Flow-run processes send heartbeats, so the zombie-run automation can tell a dead run from a long one.
+export PREFECT_FLOWS_HEARTBEAT_FREQUENCY="${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}"
+mkdir -p "$PREFECT_HOME"
+
+alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+if alive "$PREFECT_HOME/server.pid"; then
+  echo "Prefect server already running (pid $(cat "$PREFECT_HOME/server.pid")); make stop first" >&2
+  exit 1
+fi
+
+start=$(date +%s.%N)
+setsid "$VENV/bin/prefect" server start --host 127.0.0.1 --port "$PORT" \
+  >"$PREFECT_HOME/server.log" 2>&1 < /dev/null &
+echo $! >"$PREFECT_HOME/server.pid"
+
+deadline=$(( $(date +%s) + ${PREFECT_READY_TIMEOUT:-180} ))
+until curl -sf "$PREFECT_API_URL/health" >/dev/null; do
+  if ! alive "$PREFECT_HOME/server.pid"; then
+    echo "Prefect server exited; last lines of $PREFECT_HOME/server.log:" >&2; tail -20 "$PREFECT_HOME/server.log" >&2
+    exit 1
+  fi
+  if (( $(date +%s) > deadline )); then
+    echo "Prefect server not healthy at $PREFECT_API_URL after ${PREFECT_READY_TIMEOUT:-180} s; see $PREFECT_HOME/server.log" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
+ready=$(date +%s.%N)
+printf 'Prefect server healthy at %s in %.1f s (pid %s)\n' "$PREFECT_API_URL" "$(echo "$ready - $start" | bc)" \
+  "$(cat "$PREFECT_HOME/server.pid")"
+
+"$VENV/bin/python" infra/prefect/setup_server.py
+"$VENV/bin/prefect" --no-prompt deploy --all >"$PREFECT_HOME/deploy.log" 2>&1 \
+  || { echo "prefect deploy failed:" >&2; tail -30 "$PREFECT_HOME/deploy.log" >&2; exit 1; }
+echo "deployed: $(grep -o "verl-grpo/[a-z0-9]*" "$PREFECT_HOME/deploy.log" | sort -u | tr '\n' ' ')"
+
+setsid "$VENV/bin/prefect" worker start --pool verl-grpo-local --type process \
+  >"$PREFECT_HOME/worker.log" 2>&1 < /dev/null &
+echo $! >"$PREFECT_HOME/worker.pid"
+
+cat >"$PREFECT_HOME/env" <<ENV
+export PREFECT_HOME=$PREFECT_HOME
+export PREFECT_API_URL=$PREFECT_API_URL
+ENV
+cat <<MSG
+worker started (pid $(cat "$PREFECT_HOME/worker.pid")); logs in $PREFECT_HOME/{server,deploy,worker}.log
+UI:  http://127.0.0.1:$PORT
+Run: source $PREFECT_HOME/env && $VENV/bin/prefect deployment run verl-grpo/gsm8k --watch
+Stop: make stop
+MSG

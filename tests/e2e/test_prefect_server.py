@@ -1,0 +1,164 @@
+"""`make serve` for real: a Prefect server on a loopback port, the deployments, a process worker; then
+`verl-grpo/gsm8k` runs on the tiny model to COMPLETED with its artifacts, a second run is cancelled and
+its trainer process must be gone, and `make stop` leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.states import Cancelling
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_model_dir):
+    """serve.sh (what `make serve` runs) in a temp VERL_GRPO_HOME/PREFECT_HOME; stop.sh afterwards."""
+    home = tmp_path_factory.mktemp("served")
+    port = _free_port()
+    env = {**os.environ, "VERL_GRPO_HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
+           "PREFECT_SERVER_PORT": str(port), "VERL_GRPO_NIGHTLY_ACTIVE": "false",
+           "VERL_GRPO_MODEL_CACHE": str(tiny_model_dir.parent), "PREFECT_STOP_GRACE": "20"}
+    env.pop("PREFECT_API_URL", None)
+    started = subprocess.run([str(REPO / "infra/prefect/serve.sh")], env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+            yield home
+    finally:
+        stopped = subprocess.run([str(REPO / "infra/prefect/stop.sh")], env=env, cwd=REPO, capture_output=True,
+                                 text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert not list((home / "prefect").glob("*.pid"))
+        leftovers = _processes_with_env(f"PREFECT_HOME={home / 'prefect'}")
+        assert not leftovers, f"processes left behind by make stop: {leftovers}"
+
+
+def _steps(overrides: list[str], total_steps: int) -> list[str]:
+    return [*(o for o in overrides if not o.startswith("algorithm.total_steps=")), f"algorithm.total_steps={total_steps}"]
+
+
+def test_deployments_have_nightly_schedule_and_pull_from_this_clone(served):
+    with get_client(sync_client=True) as client:
+        for name in ("gsm8k", "math", "mbpp"):
+            deployment = client.read_deployment_by_name(f"verl-grpo/{name}")
+            assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
+            assert deployment.schedules[0].schedule.timezone == "UTC"
+            assert deployment.global_concurrency_limit.limit == 1
+            assert deployment.pull_steps == [
+                {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+            assert deployment.parameters["config"] == [name, "local"]
+
+
+def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
+    flow_run = run_deployment("verl-grpo/gsm8k", parameters={"overrides": _steps(tiny_overrides, 4)},
+                              timeout=RUN_TIMEOUT_S)
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run.id)
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+        assert flow_run.state.type == StateType.COMPLETED, "\n".join(log.message for log in logs)[-5000:]
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+
+    run_id = flow_run.parameters["run_id"]
+    assert flow_run.name.startswith("gsm8k-tiny-") and run_id.startswith("gsm8k-tiny-")
+    assert {"verl-grpo", "gsm8k", "tiny", "local", "trl"} <= set(flow_run.tags)
+    assert any("step 4/4" in log.message for log in logs)  # trainer output streamed into the Prefect log
+
+    by_key = {}
+    for artifact in artifacts:  # newest version of each key
+        if artifact.key not in by_key or artifact.created > by_key[artifact.key].created:
+            by_key[artifact.key] = artifact
+    assert {"run-summary", "eval-results", "mlflow-run", "checkpoint", "model", "training-progress",
+            "training-rewards"} <= set(by_key)
+    summary = by_key["run-summary"].data
+    assert run_id in summary and "config_digest" in summary and "decision" in summary
+    assert float(by_key["training-progress"].data) == pytest.approx(100.0)
+    assert "| 4/4 |" in by_key["training-rewards"].data
+    table = json.loads(by_key["eval-results"].data)
+    assert "accuracy" in {row["metric"] for row in table}
+    assert by_key["checkpoint"].type == "markdown" and "global_step_4" in by_key["checkpoint"].data
+    assert "mlflow ui --backend-store-uri sqlite:///" in by_key["mlflow-run"].data  # local store: a command
+
+
+def test_cancelling_a_flow_run_stops_the_trainer(served, tiny_overrides):
+    flow_run = run_deployment("verl-grpo/gsm8k", parameters={"overrides": _steps(tiny_overrides, 500)},
+                              timeout=0)
+    trainer_pid = _wait_for_trainer(served, flow_run.id)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run.id, Cancelling(message="cancelled by test"))
+        state = _wait_for_final_state(client, flow_run.id)
+    assert state.type == StateType.CANCELLED, state
+    assert not _pid_alive(trainer_pid), f"trainer {trainer_pid} survived the cancellation"
+
+
+def _wait_for_trainer(home: Path, flow_run_id, timeout_s: float = RUN_TIMEOUT_S) -> int:
+    """PID of the run's training process once the first progress line is out (the flow is mid-training)."""
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            run_id = client.read_flow_run(flow_run_id).parameters.get("run_id")
+            workdir = home / "work" / str(run_id)
+            log = workdir / "train.log"
+            if run_id and log.is_file() and "step 1/500" in log.read_text(errors="replace"):
+                pid = json.loads((workdir / "job.json").read_text())["pid"]
+                assert _pid_alive(pid)
+                return pid
+            state = client.read_flow_run(flow_run_id).state
+            assert not state.is_final(), f"flow run ended before training started: {state}"
+            time.sleep(0.5)
+    raise AssertionError(f"training of flow run {flow_run_id} did not start within {timeout_s} s")
+
+
+def _wait_for_final_state(client, flow_run_id, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = client.read_flow_run(flow_run_id).state
+        if state.is_final():
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"flow run {flow_run_id} still {state.type} {timeout_s} s after cancelling")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _processes_with_env(entry: str) -> list[str]:
+    """Live processes (of this user) whose environment contains `entry`, e.g. PREFECT_HOME=<the test's>."""
+    found = []
+    needle = entry.encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0") and _pid_alive(int(proc.name)):
+                found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes().replace(b'\0', b' ').decode()[:200]}")
+        except OSError:
+            continue
+    return found

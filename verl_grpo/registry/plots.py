@@ -1,0 +1,70 @@
+"""PNG charts logged with each MLflow run: the reward curve and eval accuracy against the base model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from verl_grpo.contracts import EvalReport  # noqa: E402
+
+_COMPARED = ("accuracy", "format_rate", "mean_score")
+
+
+def reward_curve(metrics_lines: Iterable[str], out: Path) -> Path | None:
+    """Mean reward per step and each `rewards/<component>/mean`; None when there are no training points."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for line in metrics_lines:
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        step = record.get("step")
+        for key, value in record.items():
+            if key == "reward" or (key.startswith("rewards/") and key.endswith("/mean")):
+                if isinstance(value, (int, float)) and step is not None:
+                    series.setdefault(key, []).append((int(step), float(value)))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in sorted(series, key=lambda k: (k != "reward", k)):
+        steps, values = zip(*sorted(series[key]))
+        label = "total reward" if key == "reward" else key.split("/")[1]
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, linewidth=2.5 if key == "reward" else 1,
+                label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_title("GRPO reward per step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def accuracy_vs_base(report: EvalReport, base: EvalReport | None, out: Path) -> Path:
+    """Grouped bars of accuracy, format rate and mean score: base model vs trained model on the same split."""
+    names = [n for n in _COMPARED if n in report.metrics]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.38
+    xs = range(len(names))
+    if base is not None:
+        ax.bar([x - width / 2 for x in xs], [base.metrics.get(n, 0.0) for n in names], width, label="base")
+    ax.bar([x + (width / 2 if base is not None else 0) for x in xs], [report.metrics[n] for n in names], width,
+           label="trained")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"{report.split} (n={report.n}): trained vs base")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, out)
+
+
+def _save(fig: plt.Figure, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,48 @@
+"""The job group's auxiliary services: data-server, reward-server, retrieval-server and replay-buffer.
+
+Each is a FastAPI app in its own module with a `serve` CLI (`python -m verl_grpo.services.<module> serve
+--host H --port P`), the same command the SkyPilot job-group template runs. The trainer finds a service by
+the URL in `VERL_GRPO_<TASK>_URL` (SkyPilot: `http://<task>-0.${SKYPILOT_JOBGROUP_NAME}:<port>`; locally a
+127.0.0.1 port chosen by `local_group`) and authenticates with the bearer token in `VERL_GRPO_SERVICES_TOKEN`
+(or the file named by `VERL_GRPO_SERVICES_TOKEN_FILE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One auxiliary service: its config name, job-group task name, module, default port and URL env var."""
+
+    name: str
+    task: str
+    module: str
+    port: int
+
+    @property
+    def url_env(self) -> str:
+        return f"VERL_GRPO_{self.task.upper().replace('-', '_')}_URL"
+
+
+SERVICES: dict[str, ServiceSpec] = {
+    s.name: s
+    for s in (
+        ServiceSpec("data", "data-server", "verl_grpo.services.data_server", 8100),
+        ServiceSpec("reward", "reward-server", "verl_grpo.services.reward_server", 8200),
+        ServiceSpec("retrieval", "retrieval-server", "verl_grpo.services.retrieval_server", 8300),
+        ServiceSpec("replay", "replay-buffer", "verl_grpo.services.replay_buffer", 8400),
+    )
+}
+"""Config name (`services.enabled`) → spec; tasks, modules and ports match infra/skypilot templates."""
+
+DEFAULT_TOKEN_ENV = "VERL_GRPO_SERVICES_TOKEN"
+
+
+def token_file_env(token_env: str) -> str:
+    """The env var naming a file that holds the token (`<token_env>_FILE`)."""
+    return f"{token_env}_FILE"
+
+
+__all__ = ["DEFAULT_TOKEN_ENV", "SERVICES", "ServiceSpec", "token_file_env"]

@@ -1,0 +1,172 @@
+"""retrieval-server: `POST /retrieve {queries, top_k}` → the top passages per query from a FAISS index.
+
+`build-index` embeds a SQuAD-format corpus (default: the 2,067 SQuAD dev paragraphs of the data mirror)
+with MiniLM under a progress bar, writes the index to the store and reports recall@k on the corpus's
+questions. `serve` loads the index from the store, building it first when the store has none.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import click
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+from tqdm import tqdm
+
+from verl_grpo.services import SERVICES
+from verl_grpo.services.http import (
+    ERROR_RESPONSES,
+    ServiceError,
+    cli_errors,
+    create_app,
+    resolve_token,
+    run_server,
+    serve_options,
+)
+from verl_grpo.services.retrieval_index import (
+    Embedder,
+    RetrievalIndex,
+    build_index,
+    index_exists,
+    load_index,
+    load_squad,
+    recall_at_k,
+    sample_questions,
+)
+from verl_grpo.services.state import open_store
+from verl_grpo.store import Store
+
+logger = logging.getLogger(__name__)
+SPEC = SERVICES["retrieval"]
+MAX_QUERY_CHARS = 4000
+
+
+class RetrieveRequest(BaseModel):
+    queries: list[str] = Field(min_length=1, examples=[["Which team won Super Bowl 50?"]])
+    top_k: int | None = Field(None, ge=1, description="Passages per query; the server's default when omitted.")
+
+
+class Hit(BaseModel):
+    id: str
+    title: str
+    text: str
+    score: float
+
+
+class RetrieveResponse(BaseModel):
+    results: list[list[Hit]]
+    """One ranked list per query, best first."""
+
+
+class Retriever:
+    """An embedder and a loaded index answering batches of queries."""
+
+    def __init__(self, index: RetrievalIndex, embedder: Embedder):
+        self.index = index
+        self.embedder = embedder
+
+    def retrieve(self, queries: list[str], k: int) -> list[list[Hit]]:
+        vecs = self.embedder.encode(queries)
+        scores, ids = self.index.search(vecs, k)
+        passages = self.index.passages
+        return [[Hit(id=passages[i].id, title=passages[i].title, text=passages[i].text, score=float(s))
+                 for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
+
+
+def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, default_top_k: int = 3,
+              max_top_k: int = 50, max_queries: int = 256):
+    app, auth = create_app(SPEC.task, token, max_body_bytes,
+                           description="Dense passage retrieval (MiniLM + FAISS) for Search-R1 style tool use.",
+                           health_info=lambda: {k: retriever.index.meta[k] for k in ("name", "kind", "passages", "model")})
+    router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
+
+    @router.post("/retrieve", response_model=RetrieveResponse)
+    def retrieve(request: RetrieveRequest) -> RetrieveResponse:
+        """The top_k passages for every query, best first, with cosine scores."""
+        k = request.top_k or default_top_k
+        if k > max_top_k:
+            raise ServiceError(422, "top_k_too_large", f"top_k {k} exceeds the limit of {max_top_k}")
+        if len(request.queries) > max_queries:
+            raise ServiceError(422, "too_many_queries", f"{len(request.queries)} queries exceed the limit of "
+                                                        f"{max_queries}; split the batch")
+        for i, q in enumerate(request.queries):
+            if not q.strip() or len(q) > MAX_QUERY_CHARS:
+                raise ServiceError(422, "invalid_query", f"queries[{i}] must be 1..{MAX_QUERY_CHARS} non-blank characters")
+        return RetrieveResponse(results=retriever.retrieve(request.queries, k))
+
+    app.include_router(router)
+    return app
+
+
+def ensure_index(store: Store, name: str, corpus: str | None, kind: str, embedder: Embedder,
+                 limit: int | None = None) -> RetrievalIndex:
+    """The index `name` from the store, built from `corpus` first when it is not there."""
+    if index_exists(store, name):
+        return load_index(store, name)
+    passages, _ = load_squad(corpus, limit)
+    logger.info("index %s not in %s: embedding %d passages", name, store.uri, len(passages))
+    with tqdm(total=len(passages), desc=f"embedding {name}", unit="passage", file=sys.stderr) as bar:
+        return build_index(store, name, passages, embedder, kind, corpus=str(corpus or "squad dev"), progress=bar)
+
+
+@click.group()
+def cli() -> None:
+    """retrieval-server: MiniLM + FAISS passage retrieval."""
+
+
+def _index_options(fn):
+    fn = click.option("--store-endpoint", default=None, help="S3 endpoint (default: $VERL_GRPO_STORE_ENDPOINT).")(fn)
+    fn = click.option("--store-uri", default=None, help="Store root (default: $VERL_GRPO_STORE_URI, else the local store).")(fn)
+    fn = click.option("--kind", type=click.Choice(["hnsw", "flat"]), default="hnsw", show_default=True)(fn)
+    fn = click.option("--corpus", default=None, help="SQuAD-format JSON (default: <data mirror>/squad/dev-v1.1.json).")(fn)
+    fn = click.option("--index", "index_name", default="squad-dev", show_default=True, envvar="VERL_GRPO_RETRIEVAL_INDEX",
+                      help="Index name in the store (retrieval/<name>/).")(fn)
+    return fn
+
+
+@cli.command("build-index")
+@_index_options
+@click.option("--limit", type=int, default=None, help="Index only the first N paragraphs.")
+@click.option("--eval-questions", type=int, default=1000, show_default=True,
+              help="Questions (seeded sample) to measure recall@k on; 0 skips.")
+@cli_errors
+def build_index_cmd(index_name, corpus, kind, store_uri, store_endpoint, limit, eval_questions) -> None:
+    """Embed the corpus, write the FAISS index to the store, print recall@1/5/10."""
+    store = open_store(store_uri, store_endpoint)
+    passages, questions = load_squad(corpus, limit)
+    embedder = Embedder()
+    started = time.perf_counter()
+    with tqdm(total=len(passages), desc=f"embedding {index_name}", unit="passage") as bar:
+        index = build_index(store, index_name, passages, embedder, kind, corpus=str(corpus or "squad dev"), progress=bar)
+    click.echo(f"index {index_name} ({kind}, {len(passages)} passages) written to {store.url('retrieval', index_name)} "
+               f"in {time.perf_counter() - started:.1f}s")
+    if eval_questions:
+        sample = sample_questions(questions, eval_questions)
+        vecs = embedder.encode([q.question for q in sample])
+        _, ids = index.search(vecs, 10)
+        recall = recall_at_k(ids, index.passages, sample, (1, 5, 10))
+        click.echo(f"recall on {len(sample)} questions: " + ", ".join(f"@{k}={v:.3f}" for k, v in recall.items()))
+
+
+@cli.command()
+@serve_options(SPEC.port)
+@_index_options
+@click.option("--default-top-k", type=int, default=3, show_default=True)
+@click.option("--max-top-k", type=int, default=50, show_default=True)
+@click.option("--max-queries", type=int, default=256, show_default=True)
+@cli_errors
+def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
+          index_name, corpus, kind, store_uri, store_endpoint, default_top_k, max_top_k, max_queries) -> None:
+    token = resolve_token(host, token_env, token_file, no_auth)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    embedder = Embedder()
+    index = ensure_index(open_store(store_uri, store_endpoint), index_name, corpus, kind, embedder)
+    app = build_app(Retriever(index, embedder), token, max_body_bytes, default_top_k, max_top_k, max_queries)
+    run_server(app, host, port, log_level, exit_with_parent)
+
+
+if __name__ == "__main__":
+    cli()

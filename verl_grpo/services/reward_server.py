@@ -1,0 +1,146 @@
+"""reward-server: `POST /batch_reward` scores responses with verl_grpo.rewards (or a neural reward model).
+
+Items are `{data_source, solution_str, ground_truth, extra_info}` — verl's scorer arguments — and each
+answer is the score dict `compute_score` returns (`score` plus components). Items are grouped by
+dataset so MBPP programs of one request run in parallel on the sandbox pool. With `--reward-model PATH`
+the same API is answered by a sequence-classification model instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Literal
+
+import click
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field, JsonValue
+
+from verl_grpo.errors import DataError
+from verl_grpo.rewards import compute_scores, dataset_of
+from verl_grpo.services import SERVICES
+from verl_grpo.services.http import (
+    ERROR_RESPONSES,
+    ServiceError,
+    cli_errors,
+    create_app,
+    resolve_token,
+    run_server,
+    serve_options,
+)
+
+logger = logging.getLogger(__name__)
+SPEC = SERVICES["reward"]
+MAX_SOLUTION_CHARS = 200_000
+
+
+class RewardItem(BaseModel):
+    data_source: str = Field(max_length=200, examples=["gsm8k"])
+    solution_str: str = Field(max_length=MAX_SOLUTION_CHARS)
+    ground_truth: JsonValue = None
+    extra_info: dict[str, JsonValue] | None = None
+
+
+class BatchRewardRequest(BaseModel):
+    items: list[RewardItem] = Field(min_length=1)
+
+
+class BatchRewardResponse(BaseModel):
+    scores: list[dict[str, JsonValue]]
+    """One score dict per item, in request order (`score` is the total)."""
+    scorer: Literal["rule", "model"]
+    seconds: float
+
+
+class RuleScorer:
+    """verl_grpo.rewards behind the batch API (MBPP through the shared sandbox pool)."""
+
+    kind = "rule"
+
+    def score(self, items: list[RewardItem]) -> list[dict[str, Any]]:
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, item in enumerate(items):
+            try:
+                groups[dataset_of(item.data_source)].append(i)
+            except ValueError as e:
+                raise ServiceError(422, "unknown_data_source", f"items[{i}].data_source: {e}") from None
+        out: list[dict[str, Any] | None] = [None] * len(items)
+        for dataset, idx in groups.items():
+            try:
+                results = compute_scores(dataset, [items[i].solution_str for i in idx],
+                                         [items[i].ground_truth for i in idx])
+            except (DataError, ValueError, TypeError) as e:
+                raise ServiceError(422, "invalid_item", f"{dataset} items: {e}") from None
+            for i, result in zip(idx, results):
+                out[i] = result
+        return [r for r in out if r is not None]
+
+    def info(self) -> dict[str, Any]:
+        return {"scorer": self.kind}
+
+
+class ModelScorer:
+    """A sequence-classification reward model behind the batch API."""
+
+    kind = "model"
+
+    def __init__(self, path: str, batch_size: int = 16):
+        from verl_grpo.services.reward_model import SequenceClassifierReward
+
+        self.model = SequenceClassifierReward(path, batch_size=batch_size)
+
+    def score(self, items: list[RewardItem]) -> list[dict[str, Any]]:
+        prompts = [_prompt_of(item) for item in items]
+        return self.model.score([item.solution_str for item in items], prompts)
+
+    def info(self) -> dict[str, Any]:
+        return {"scorer": self.kind, "model": self.model.path, "num_labels": self.model.num_labels}
+
+
+def _prompt_of(item: RewardItem) -> str | None:
+    prompt = (item.extra_info or {}).get("prompt")
+    return prompt if isinstance(prompt, str) else None
+
+
+def build_app(scorer: RuleScorer | ModelScorer, token: str | None, max_body_bytes: int, max_items: int = 4096):
+    app, auth = create_app(SPEC.task, token, max_body_bytes,
+                           description="Scores responses with the verifiable rewards (or a neural reward model).",
+                           health_info=scorer.info)
+    router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
+
+    @router.post("/batch_reward", response_model=BatchRewardResponse)
+    def batch_reward(request: BatchRewardRequest) -> BatchRewardResponse:
+        """Score dicts for every item, in order."""
+        if len(request.items) > max_items:
+            raise ServiceError(422, "too_many_items", f"{len(request.items)} items exceed the limit of {max_items}; "
+                                                      "split the batch")
+        started = time.perf_counter()
+        scores = scorer.score(request.items)
+        return BatchRewardResponse(scores=scores, scorer=scorer.kind, seconds=round(time.perf_counter() - started, 6))
+
+    app.include_router(router)
+    return app
+
+
+@click.group()
+def cli() -> None:
+    """reward-server: verifiable rewards (or a neural reward model) over HTTP."""
+
+
+@cli.command()
+@serve_options(SPEC.port)
+@click.option("--reward-model", default=None, envvar="VERL_GRPO_REWARD_MODEL",
+              help="Sequence-classification model dir to score with instead of the rule-based scorers.")
+@click.option("--model-batch-size", type=int, default=16, show_default=True)
+@click.option("--max-items", type=int, default=4096, show_default=True)
+@cli_errors
+def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
+          reward_model, model_batch_size, max_items) -> None:
+    token = resolve_token(host, token_env, token_file, no_auth)
+    scorer = ModelScorer(reward_model, model_batch_size) if reward_model else RuleScorer()
+    run_server(build_app(scorer, token, max_body_bytes, max_items), host, port, log_level, exit_with_parent)
+
+
+if __name__ == "__main__":
+    cli()
