@@ -158,7 +158,8 @@ def _processes_with_env(entry: str) -> list[str]:
             continue
         try:
             if needle in (proc / "environ").read_bytes().split(b"\0") and _pid_alive(int(proc.name)):
-                found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes().replace(b'\0', b' ').decode()[:200]}")
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name}: {cmdline[:200]}")
         except OSError:
             continue
     return found

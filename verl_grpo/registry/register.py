@@ -16,6 +16,7 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.registry import plots, tracking
+from verl_grpo.registry.wandb_mirror import mirror_to_wandb
 from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, PROMOTED, Decision, decide
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.registry.versions import (
@@ -74,6 +75,9 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     tracking.log_training_metrics(client, mlflow_run_id, store, train.metrics_uri)
     summary = eval_summary(report, base_report)
     tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step)
+    wandb_url = mirror_to_wandb(cfg, run_id, tracking.read_lines(store, train.metrics_uri) or [], summary)
+    if wandb_url:
+        client.set_tag(mlflow_run_id, "wandb_url", wandb_url)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
 
     name = cfg.registered_model_name

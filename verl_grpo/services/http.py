@@ -67,7 +67,7 @@ class ErrorResponse(BaseModel):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 500, 503)
+    code: {"model": ErrorResponse} for code in (400, 401, 409, 413, 422, 500, 503)
 }
 """OpenAPI description of the structured errors every route may return."""
 

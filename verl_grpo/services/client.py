@@ -1,0 +1,141 @@
+"""HTTP clients of the services, with timeouts and retries (sync for TRL/tools, async for verl's reward loop).
+
+A client finds its service from the environment the job group exports: the URL in `VERL_GRPO_<TASK>_URL`
+and the token in `VERL_GRPO_SERVICES_TOKEN` (or the file named by `VERL_GRPO_SERVICES_TOKEN_FILE`).
+Connection failures, timeouts, 429 and 5xx are retried with exponential backoff and end in InfraError;
+401/403 are ConfigError (wrong token); other 4xx are DataError carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import httpx
+
+from verl_grpo.errors import ConfigError, DataError, InfraError
+from verl_grpo.services import DEFAULT_TOKEN_ENV, SERVICES
+from verl_grpo.services.http import load_token
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_RETRIES = 4
+DEFAULT_BACKOFF_S = 0.5
+
+
+def service_url(name: str, env: dict[str, str] | None = None) -> str:
+    """The URL of service `name` (data, reward, retrieval, replay) from its `VERL_GRPO_<TASK>_URL`."""
+    spec = SERVICES.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown service {name!r}; known: {', '.join(SERVICES)}")
+    url = (env if env is not None else os.environ).get(spec.url_env)
+    if not url:
+        raise ConfigError(f"{spec.url_env} is not set; enable the {spec.task} (services.enabled: [{name}]) "
+                          "or export its URL")
+    return url.rstrip("/")
+
+
+def _raise_for(response: httpx.Response, what: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:300]
+    if response.status_code in (401, 403):
+        raise ConfigError(f"{what}: {message}; set {DEFAULT_TOKEN_ENV} (or {DEFAULT_TOKEN_ENV}_FILE) to the "
+                          "services' token")
+    if response.status_code in RETRY_STATUS:
+        raise InfraError(f"{what}: HTTP {response.status_code}: {message}")
+    raise DataError(f"{what}: HTTP {response.status_code}: {message}")
+
+
+class _Base:
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 retries: int = DEFAULT_RETRIES, backoff_s: float = DEFAULT_BACKOFF_S):
+        self.base_url = base_url.rstrip("/")
+        self.token = token if token is not None else load_token()
+        self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _delay(self, attempt: int) -> float:
+        return self.backoff_s * (2**attempt)
+
+    def _give_up(self, what: str, error: Exception) -> InfraError:
+        return InfraError(f"{what} failed after {self.retries + 1} attempts: {type(error).__name__}: {error}; "
+                          f"is the service at {self.base_url} up?")
+
+
+class ServiceClient(_Base):
+    """Blocking client of one service."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=self.headers)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        what = f"{method} {self.base_url}{path}"
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+                _raise_for(response, what)
+                return response.json()
+            except (httpx.TransportError, InfraError) as e:
+                last = e
+                if attempt < self.retries:
+                    time.sleep(self._delay(attempt))
+        raise self._give_up(what, last)  # type: ignore[arg-type]
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, json=body)
+
+    def health(self) -> dict[str, Any]:
+        return self.get("/health")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "ServiceClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncServiceClient(_Base):
+    """Non-blocking client of one service; bind one instance to one event loop."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self.headers)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        what = f"{method} {self.base_url}{path}"
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+                _raise_for(response, what)
+                return response.json()
+            except (httpx.TransportError, InfraError) as e:
+                last = e
+                if attempt < self.retries:
+                    await asyncio.sleep(self._delay(attempt))
+        raise self._give_up(what, last)  # type: ignore[arg-type]
+
+    async def post(self, path: str, body: Any) -> Any:
+        return await self.request("POST", path, json=body)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
