@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# SkyPilot fixes its state and catalog paths from HOME when first imported, so the whole session gets a
+# temporary HOME before anything imports `sky`: tests never touch the developer's ~/.sky.
+if "VERL_GRPO_TEST_HOME" not in os.environ:
+    os.environ["VERL_GRPO_TEST_HOME"] = tempfile.mkdtemp(prefix="verl-grpo-test-home-")
+    os.environ["HOME"] = os.environ["VERL_GRPO_TEST_HOME"]
+    atexit.register(shutil.rmtree, os.environ["VERL_GRPO_TEST_HOME"], True)
 
 
 @pytest.fixture(autouse=True)

@@ -158,6 +158,8 @@ class CheckpointStore:
     def steps(self, run_id: str) -> list[int]:
         """Steps with a checkpoint directory (complete or not), ascending."""
         out = []
+        # Other processes write checkpoints: s3fs would otherwise answer from its listing cache.
+        self.store.fs.invalidate_cache(self.store.path(checkpoints_dir(run_id)))
         names = self.retrying("list checkpoints", lambda: self.store.listdir(checkpoints_dir(run_id)))
         for name in names:
             if name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX) :].isdigit():
@@ -263,6 +265,7 @@ class CheckpointStore:
 
     def _files_present(self, run_id: str, step: int, manifest: dict[str, Any]) -> bool:
         base = self.store.path(checkpoints_dir(run_id), step_dir_name(step))
+        self.store.fs.invalidate_cache(base)
         try:
             found = self.retrying(f"list files of step {step}", lambda: self.store.fs.find(base, detail=True))
         except FileNotFoundError:

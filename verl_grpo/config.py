@@ -229,6 +229,9 @@ class SkyPilotConfig(_Section):
     """Rollout servers behind the router (rollout_group shape)."""
     step_seconds: float = Field(120.0, gt=0)
     """Your estimate of seconds per training step, used only for the dry-run cost estimate."""
+    eval_accelerators: str | None = None
+    """Accelerators of the held-out eval task (vLLM, tensor-parallel over all of them), e.g. `H100:1`; None uses
+    infra.accelerators' GPU type × verl.rollout_tp (the GPUs one rollout engine needs)."""
     cluster: str | None = None
     """Name of an existing SkyPilot cluster (`sky status`) to run this training round on with `sky exec`
     (no provisioning, no managed-job recovery; multinode shape only); None launches a managed job."""

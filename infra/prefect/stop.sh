@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Stop what serve.sh started, by the PIDs it recorded: the worker (and the flow runs it started) first,
-# then the server. Each was started in its own session, so its process group is signalled.
+# Stop what serve.sh started, by the PIDs it recorded: the worker first, then the server. Each was started
+# in its own session, so SIGTERM goes to its whole process group: flow runs the worker started get it too,
+# cancel their training job, run their on_crashed hook and end Crashed (re-running resumes them from the
+# last checkpoint). A Prefect worker waits for its flow runs on SIGTERM and an idle one may not exit at
+# all, so whatever is left after PREFECT_STOP_GRACE seconds is killed.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${VERL_GRPO_HOME:-$REPO/.state}"
 PREFECT_HOME="${PREFECT_HOME:-$STATE/prefect}"
-GRACE="${PREFECT_STOP_GRACE:-30}"
+GRACE="${PREFECT_STOP_GRACE:-10}"
 
 stop_group() {
   local name=$1 pidfile="$PREFECT_HOME/$1.pid"
@@ -15,7 +18,7 @@ stop_group() {
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
     for _ in $(seq $((GRACE * 5))); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.2; done
     if kill -0 -- "-$pid" 2>/dev/null; then
-      echo "$name: still running after ${GRACE} s; killing"; kill -KILL -- "-$pid" 2>/dev/null
+      kill -KILL -- "-$pid" 2>/dev/null
     fi
     echo "$name: stopped (pid $pid)"
   else

@@ -38,7 +38,7 @@ def served(tmp_path_factory, tiny_model_dir):
     port = _free_port()
     env = {**os.environ, "VERL_GRPO_HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
            "PREFECT_SERVER_PORT": str(port), "VERL_GRPO_NIGHTLY_ACTIVE": "false",
-           "VERL_GRPO_MODEL_CACHE": str(tiny_model_dir.parent), "PREFECT_STOP_GRACE": "20"}
+           "VERL_GRPO_MODEL_CACHE": str(tiny_model_dir.parent), "PREFECT_STOP_GRACE": "10"}
     env.pop("PREFECT_API_URL", None)
     started = subprocess.run([str(REPO / "infra/prefect/serve.sh")], env=env, cwd=REPO, capture_output=True,
                              text=True, timeout=300)

@@ -95,3 +95,18 @@ def test_gpus_per_node_rejects_fractions_and_missing():
         gpus_per_node(_cfg("infra.accelerators=H100:0.5"))
     with pytest.raises(ConfigError, match="infra.accelerators is not set"):
         gpus_per_node(load_config([], ["trainer.backend=verl"]))
+
+
+def test_services_switch_reward_and_tools():
+    from verl_grpo.config import load_config
+    from verl_grpo.trainers.verl_backend import REMOTE_REWARD_MODULE, VerlPaths, run_paths, verl_overrides
+
+    cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.accelerators=H100:8",
+                                  "services.enabled=[reward, retrieval]"], env={})
+    paths = run_paths(cfg, "/ckpt")
+    assert paths.reward_path == REMOTE_REWARD_MODULE
+    out = verl_overrides(cfg, {"train": "t.parquet", "val": "v.parquet"}, paths, "r1")
+    assert f"reward.custom_reward_function.path={REMOTE_REWARD_MODULE}" in out
+    assert "actor_rollout_ref.rollout.multi_turn.enable=True" in out
+    plain = load_config(["gsm8k"], ["trainer.backend=verl", "infra.accelerators=H100:8"], env={})
+    assert run_paths(plain, "/ckpt") == VerlPaths(checkpoint_dir="/ckpt")

@@ -1,7 +1,9 @@
-"""Batched generation with Hugging Face transformers on CPU: chat-templated prompts, left padding.
+"""Generation backends of the evaluator: the `Generator` protocol and its Hugging Face (CPU) implementation.
 
-Prompts are generated longest-first in batches (similar lengths pad little) and the outputs are put
-back in the caller's order.
+Generation is the only backend-specific step of an evaluation: plan, scoring and aggregation (runner.py)
+are shared. `HFGenerator` generates with transformers on CPU: prompts longest-first in left-padded
+batches (similar lengths pad little), outputs put back in the caller's order. The vLLM implementation
+for GPU clusters is `verl_grpo.evaluate.vllm_runner.VLLMGenerator`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
@@ -49,14 +51,51 @@ class Generation:
     """False when the budget ran out before an end-of-sequence token."""
 
 
+class Generator(Protocol):
+    """One generation backend: renders chat prompts with the model's template and generates responses."""
+
+    def render_prompts(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
+        """Chat-templated prompt text of each conversation, ready for generation."""
+
+    def generate(self, prompts: Sequence[str], params: GenerationParams,
+                 progress: Progress | None = None) -> list[list[Generation]]:
+        """`params.samples` generations per prompt, in the order of `prompts`; progress(done, total) in prompts."""
+
+
+class HFGenerator:
+    """Generator on Hugging Face transformers (CPU), loading the model once."""
+
+    def __init__(self, model_dir: Path, dtype: str = "float32", threads: int | None = None):
+        self.model, self.tokenizer = load_model(model_dir, dtype)
+        self.threads = threads
+
+    def render_prompts(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
+        return render_prompts(self.tokenizer, conversations)
+
+    def generate(self, prompts: Sequence[str], params: GenerationParams,
+                 progress: Progress | None = None) -> list[list[Generation]]:
+        previous = torch.get_num_threads()
+        # More torch threads than free cores makes CPU decoding several times slower, not faster.
+        torch.set_num_threads(self.threads or previous)
+        try:
+            return generate(self.model, self.tokenizer, prompts, params, progress)
+        finally:
+            torch.set_num_threads(previous)
+
+
+def check_chat_template(tokenizer: Any, model_dir: Path | str) -> None:
+    """ConfigError unless the tokenizer can render chat prompts."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"the tokenizer of {model_dir} has no chat template; evaluate a chat/instruct model "
+                          "or add `chat_template` to its tokenizer_config.json")
+
+
 def load_model(model_dir: Path, dtype: str = "float32") -> tuple[Any, PreTrainedTokenizerBase]:
     """Model in eval mode and a left-padding tokenizer with a pad token."""
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"the tokenizer of {model_dir} has no chat template; evaluate a chat/instruct model "
-                          "or add `chat_template` to its tokenizer_config.json")
+    check_chat_template(tokenizer, model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
     model.eval()
     return model, tokenizer
@@ -64,6 +103,11 @@ def load_model(model_dir: Path, dtype: str = "float32") -> tuple[Any, PreTrained
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
     return [tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False) for c in conversations]
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
+    """Token ids of rendered prompts; the chat template already placed any special tokens (no second BOS)."""
+    return [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
 
 
 def generate(
@@ -74,7 +118,7 @@ def generate(
     progress: Progress | None = None,
 ) -> list[list[Generation]]:
     """`params.samples` generations per prompt, in the order of `prompts`."""
-    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    encoded = encode_prompts(tokenizer, prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
     results: list[list[Generation]] = [[] for _ in prompts]
     gen_config = _generation_config(model, tokenizer, params)

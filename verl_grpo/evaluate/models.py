@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
-from filelock import FileLock
 
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.models import model_short_name, resolve_model
+from verl_grpo.models import cached_build, model_short_name, resolve_model
 from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
 
-_DOWNLOADED = ".verl-grpo-downloaded"
 
 
 def resolve_model_dir(model: str, store: Store) -> Path:
@@ -63,26 +58,14 @@ def _checked(path: Path, given: str) -> Path:
 
 
 def _download(uri: str, endpoint_url: str | None) -> Path:
-    """Copy a remote model directory into the local model cache once (atomic rename, marker last)."""
+    """Copy a remote model directory into the local model cache once."""
     target = model_cache_dir() / "store" / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    if (target / _DOWNLOADED).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / f".{target.name}.lock")):
-        if (target / _DOWNLOADED).is_file():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            Store(uri, endpoint_url).get_dir(tmp)
-            _checked(tmp, uri)
-            (tmp / _DOWNLOADED).write_text(uri)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    def download(tmp: Path) -> None:
+        Store(uri, endpoint_url).get_dir(tmp)
+        _checked(tmp, uri)
+
+    return cached_build(target, {"uri": uri}, download)
 
 
 def _hub_snapshot(repo_id: str) -> Path:

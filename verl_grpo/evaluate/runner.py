@@ -1,7 +1,9 @@
-"""Held-out evaluation of one model: generate, score, aggregate, write the per-problem table.
+"""Held-out evaluation of one model: plan, generate, score, aggregate, write the per-problem table.
 
-`evaluate_model` always generates; `evaluate_cached` reuses an earlier result of the same model files
-on the same problems with the same generation settings (base models are evaluated once, not nightly).
+Only generation depends on the backend (a `Generator`: transformers on CPU here, vLLM on GPU clusters in
+vllm_runner.py); `run_eval` does everything else the same way for both. `evaluate_model` always generates;
+`evaluate_cached` reuses an earlier result of the same model files on the same problems with the same
+generation settings (base models are evaluated once, not nightly).
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, DataError
-from verl_grpo.evaluate.generation import Generation, GenerationParams, generate, load_model, render_prompts
+from verl_grpo.evaluate.generation import Generation, GenerationParams, Generator, HFGenerator
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
@@ -102,7 +103,8 @@ def evaluate_model(
     if out_rel is None:
         out_rel = eval_table(run_id, plan.split) if run_id else _default_table(model_uri_or_path, store, plan.split)
     model_dir = resolve_model_dir(model_uri_or_path, store)
-    return _run(cfg, plan, model_uri_or_path, model_dir, store, out_rel, progress, scorer, threads)
+    generator = HFGenerator(model_dir, cfg.model.dtype, threads or cfg.trainer.threads)
+    return run_eval(plan, model_uri_or_path, generator, store, out_rel, progress=progress, scorer=scorer)
 
 
 def evaluate_cached(
@@ -129,7 +131,8 @@ def evaluate_cached(
     if store.exists(report_rel) and store.exists(table_rel):
         cached = EvalReport.model_validate_json(store.read_text(report_rel))
         return cached.model_copy(update={"model_uri": model_uri_or_path})
-    report = _run(cfg, plan, model_uri_or_path, model_dir, store, table_rel, progress, scorer, threads)
+    generator = HFGenerator(model_dir, cfg.model.dtype, threads or cfg.trainer.threads)
+    report = run_eval(plan, model_uri_or_path, generator, store, table_rel, progress=progress, scorer=scorer)
     store.write_text(report.model_dump_json(indent=2), report_rel)
     return report
 
@@ -163,38 +166,39 @@ def score_problems(
     return pd.DataFrame(rows), metrics
 
 
-def _run(
-    cfg: RunConfig,
+def run_eval(
     plan: EvalPlan,
     model_uri: str,
-    model_dir: Path,
+    generator: Generator,
     store: Store,
     out_rel: str,
-    progress: Progress | None,
-    scorer: Scorer | None,
-    threads: int | None,
+    *,
+    progress: Progress | None = None,
+    scorer: Scorer | None = None,
 ) -> EvalReport:
-    scorer = scorer or _default_scorer()
-    model, tokenizer = load_model(model_dir, cfg.model.dtype)
-    prompts = render_prompts(tokenizer, [p.messages for p in plan.problems])
+    """Generate the plan's responses with `generator`, score them, write the table to `out_rel`; the report."""
+    prompts = generator.render_prompts([p.messages for p in plan.problems])
+    greedy, sampled = generate(generator, prompts, plan, progress)
+    table, metrics = score_problems(plan.problems, prompts, greedy, sampled, scorer or _default_scorer())
+    table_uri = _write_table(table, store, out_rel)
+    return EvalReport(model_uri=model_uri, split=plan.split, n=len(prompts), metrics=metrics, table_uri=table_uri,
+                      settings_key=plan.settings_key)
+
+
+def generate(
+    generator: Generator, prompts: Sequence[str], plan: EvalPlan, progress: Progress | None = None,
+) -> tuple[list[Generation], list[list[Generation]] | None]:
+    """Greedy responses (one per prompt) and, when the plan samples, `samples` responses per prompt."""
     n = len(prompts)
-    phases = 2 if plan.sampled else 1
-    report, close = _progress_reporter(progress, n * phases)
-    previous_threads = torch.get_num_threads()
-    # More torch threads than free cores makes CPU decoding several times slower, not faster.
-    torch.set_num_threads(threads or cfg.trainer.threads or previous_threads)
+    report, close = _progress_reporter(progress, n * (2 if plan.sampled else 1))
     try:
-        greedy = [g[0] for g in generate(model, tokenizer, prompts, plan.greedy, lambda d, _: report(d))]
+        greedy = [g[0] for g in generator.generate(prompts, plan.greedy, lambda d, _: report(d))]
         sampled = None
         if plan.sampled:
-            sampled = generate(model, tokenizer, prompts, plan.sampled, lambda d, _: report(n + d))
+            sampled = generator.generate(prompts, plan.sampled, lambda d, _: report(n + d))
     finally:
-        torch.set_num_threads(previous_threads)
         close()
-    table, metrics = score_problems(plan.problems, prompts, greedy, sampled, scorer)
-    table_uri = _write_table(table, store, out_rel)
-    return EvalReport(model_uri=model_uri, split=plan.split, n=n, metrics=metrics, table_uri=table_uri,
-                      settings_key=plan.settings_key)
+    return greedy, sampled
 
 
 def _progress_reporter(progress: Progress | None, total: int) -> tuple[Callable[[int], None], Callable[[], None]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
 from verl_grpo.paths import state_dir
+from verl_grpo.services.local_group import services_env, start_local_services, stop_local_services
 
 _JOB_FILE = "job.json"
 _LOG_FILE = "train.log"
@@ -36,7 +37,9 @@ class LocalProvider:
     def up(self, cfg: RunConfig, run_id: str) -> Cluster:
         workdir = self.root / run_id
         workdir.mkdir(parents=True, exist_ok=True)
-        return Cluster(provider=self.name, name=f"local-{run_id}", workdir=str(workdir))
+        services = start_local_services(cfg, run_id, workdir)
+        return Cluster(provider=self.name, name=f"local-{run_id}", workdir=str(workdir),
+                       endpoints=services.endpoints if services else {})
 
     def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:
         workdir = Path(cluster.workdir)
@@ -45,7 +48,8 @@ class LocalProvider:
         if live is not None:
             return live
         log_path = workdir / _LOG_FILE
-        env = {**os.environ, **spec.env}
+        # The run's services (URLs, token file) reach the trainer exactly as the SkyPilot job group exports them.
+        env = {**os.environ, **spec.env, **services_env(workdir)}
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 spec.command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -102,6 +106,7 @@ class LocalProvider:
         job = self._live_job(Path(cluster.workdir))
         if job is not None:
             self.cancel(job)
+        stop_local_services(cluster.workdir)
 
     def _live_job(self, workdir: Path) -> Job | None:
         record = workdir / _JOB_FILE

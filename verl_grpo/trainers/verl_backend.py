@@ -27,7 +27,12 @@ MAIN_MODULE = "verl.trainer.main_ppo"
 REWARD_MODULE = "pkg://verl_grpo.rewards"
 """verl loads `pkg://` paths with importlib, so the reward works wherever verl_grpo is installed on the cluster."""
 REWARD_FUNCTION = "compute_score"
-SECRET_ENV_VARS = ("WANDB_API_KEY", "HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+REMOTE_REWARD_MODULE = "pkg://verl_grpo.services.reward_client"
+"""Scores through the job group's reward-server (same compute_score signature, awaited by verl's reward loop)."""
+SEARCH_TOOL_CONFIG = "infra/verl/search_tool.yaml"
+"""Search-R1 style `search` tool backed by the retrieval-server; relative to the task's workdir (the repo)."""
+SECRET_ENV_VARS = ("WANDB_API_KEY", "HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                   "VERL_GRPO_SERVICES_TOKEN")
 """Secrets a verl run may need; they reach the cluster as SkyPilot secrets, never as overrides or envs."""
 
 _CLUSTER_MODEL_IDS = {
@@ -164,6 +169,8 @@ def verl_overrides(
         f"trainer.checkpoint_callback_class={CALLBACK_CLASS}",
     ]
     out += _strategy_overrides(cfg)
+    if "retrieval" in cfg.services.enabled:
+        out += [f"{rollout}.multi_turn.enable=True", f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}"]
     if v.adv_estimator == "gae":
         out += [
             "critic.enable=True",
@@ -307,6 +314,13 @@ def _verl_version() -> str:
     return getattr(verl, "__version__", "?")
 
 
+def run_paths(cfg: RunConfig, checkpoint_dir: str) -> VerlPaths:
+    """Checkpoint dir and reward function: the reward-server's client when the job group runs one."""
+    if "reward" in cfg.services.enabled:
+        return VerlPaths(checkpoint_dir=checkpoint_dir, reward_path=REMOTE_REWARD_MODULE)
+    return VerlPaths(checkpoint_dir=checkpoint_dir)
+
+
 class VerlTrainer:
     """Trainer backend `verl`: plans a main_ppo run on the cluster a provider brought up."""
 
@@ -317,10 +331,17 @@ class VerlTrainer:
         self.last_validation: VerlValidation | None = None
         """What the latest plan() established offline (shown by the dry run)."""
 
+    def check(self, cfg: RunConfig) -> str:
+        """Compose the overrides against verl's own config and run its validation, with placeholder data paths."""
+        files = {split: f"/tmp/verl-grpo/data/{split}.parquet" for split in ("train", "val")}
+        overrides = verl_overrides(cfg, files, run_paths(cfg, "/tmp/verl-grpo/checkpoints/check"), "check")
+        validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
+        return f"verl main_ppo: {len(overrides)} overrides; " + "; ".join(validation.checks)
+
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
         """Render and validate the main_ppo command; writes nothing (verl reads the overrides, not a spec file)."""
         data_files, env = data_files_on_cluster(dataset, store, cluster)
-        paths = VerlPaths(checkpoint_dir=f"{cluster.workdir}/checkpoints/{run_id}")
+        paths = run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}")
         overrides = verl_overrides(cfg, data_files, paths, run_id)
         self.last_validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)

@@ -1,8 +1,9 @@
 """`verl-grpo launch --provider skypilot --dry-run`: every offline check, the YAML and a cost table; launches nothing.
 
 Checks, each with the tool's own message on failure (ConfigError): verl overrides against verl's Hydra
-config + validate_config, the SkyPilot YAML with SkyPilot's loaders, the recovery strategy against
-SkyPilot's registry, and the accelerators against SkyPilot's catalog (local copy, `~/.sky/catalogs/v8`).
+config + validate_config, the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery
+strategy against SkyPilot's registry, and the accelerators of both against SkyPilot's catalog (local copy,
+`~/.sky/catalogs/v8`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class CostLine:
 @dataclass
 class DryRunReport:
     yamls: dict[str, str]
-    """Task (or job-group) name → rendered YAML."""
+    """Training task (or job-group) name → rendered YAML, and `eval` → the held-out eval task's YAML."""
     checks: list[str] = field(default_factory=list)
     costs: list[CostLine] = field(default_factory=list)
     seconds: float = 0.0
@@ -94,8 +95,35 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     report.costs = estimate_cost(cfg, boundary)
     report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
                          f"({', '.join(sorted({c.cloud for c in report.costs}))})")
+    report.checks += check_eval_task(cfg, boundary, env, report.yamls)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str]) -> list[str]:
+    """Render the held-out eval task into yamls["eval"], load it with SkyPilot and find its GPUs in the catalog."""
+    from verl_grpo.evaluate.vllm_runner import spec_rel
+
+    spec_uri = Store.from_config(cfg.storage).url(spec_rel(DRY_RUN_ID, cfg.eval.split))
+    rendered = templates.render_eval(cfg, DRY_RUN_ID, spec_uri, env)
+    yamls["eval"] = rendered.yaml
+    try:
+        loaded = boundary.load_task(rendered.yaml)
+    except Exception as e:
+        raise ConfigError(f"SkyPilot rejected the rendered eval YAML: {e}") from e
+    accelerators, gpus = templates.eval_accelerators(cfg)
+    field = "skypilot.eval_accelerators" if cfg.skypilot.eval_accelerators else "infra.accelerators × verl.rollout_tp"
+    clouds = available_catalog_clouds(boundary)
+    offers, fuzzy = boundary.catalog_offers(accelerators.partition(":")[0], gpus, cfg.skypilot.cloud,
+                                            cfg.skypilot.region, clouds)
+    if not offers:
+        hint = f" (did you mean {', '.join(fuzzy)}?)" if fuzzy else ""
+        raise ConfigError(f"the eval task's accelerators {accelerators!r} (from {field}) are not offered in the "
+                          f"SkyPilot catalog of {cfg.skypilot.cloud or ', '.join(clouds)}{hint}; "
+                          "set skypilot.eval_accelerators, e.g. H100:1")
+    clouds_offering = ", ".join(sorted({o.cloud for o in offers}))
+    return [f"SkyPilot loads the eval YAML ({_describe(loaded)})",
+            f"eval accelerators {accelerators} exist in the SkyPilot catalog ({clouds_offering})"]
 
 
 def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> list[CostLine]:

@@ -1,4 +1,5 @@
-"""SkyPilot provider: training runs as a managed job (or job group) named `verl-grpo-{run_id}`.
+"""SkyPilot provider: training runs as a managed job (or job group) named `verl-grpo-{run_id}`, its held-out
+eval (vLLM on GPUs) as a task named `verl-grpo-{run_id}-eval`.
 
 The name makes submission idempotent: a retry of the same run finds the live job and reattaches
 instead of launching a second one. All SkyPilot calls go through `boundary` (a fake in tests).
@@ -8,16 +9,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from types import ModuleType
 
 import yaml
 
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
+from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot import templates
-from verl_grpo.store import filesystem_for, strip_scheme
+from verl_grpo.store import Store, filesystem_for, strip_scheme
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +79,27 @@ class SkyPilotProvider:
         """Reattach to a live job named for this run, else render, validate and launch a new one."""
         cfg = self._config_for(cluster, spec)
         _require_remote_store(cfg)
-        if cfg.skypilot.cluster:
-            return self._exec_on_cluster(cfg, spec)
-        name = templates.job_name(spec.run_id)
-        live = self._live_job(name)
-        if live is not None:
-            return Job(provider=NAME, id=str(live.job_id), name=name)
-        rendered = templates.render(cfg, spec, self.env)
-        secrets = {k: self.env[k] for k in rendered_secret_names(rendered.yaml)}
-        try:
-            job_id = self.sky.launch_managed(rendered.yaml, name, secrets, rendered.is_job_group)
-        except Exception as e:  # SkyPilot raises many types; classify, never swallow.
-            raise _launch_error(self.sky, e) from e
-        return Job(provider=NAME, id=str(job_id), name=name)
+        return self._launch(cfg, templates.job_name(spec.run_id), lambda: templates.render(cfg, spec, self.env))
+
+    def submit_eval(self, cfg: RunConfig, run_id: str, model_uri: str, dataset: DatasetVersion) -> Job:
+        """Reattach to the run's live eval task, else write its spec to the store and launch it (vLLM on GPUs).
+
+        The task reads the model and the dataset from the store and writes the per-problem table and the
+        EvalReport back (`runs/{run_id}/eval/{split}.json`); poll it with status/logs like a training job.
+        """
+        _require_remote_store(cfg)
+        if model_uri.startswith("file://") or Path(model_uri).exists():
+            raise ConfigError(f"model {model_uri!r} is on this machine, out of the eval task's reach; evaluate the "
+                              f"run's model in the store ({cfg.storage.uri}/runs/<run_id>/model)")
+        from verl_grpo.evaluate.vllm_runner import plan_spec, write_spec
+
+        _, gpus = templates.eval_accelerators(cfg)
+        spec = plan_spec(cfg, model_uri, dataset, run_id, tensor_parallel_size=gpus)
+
+        def render() -> templates.RenderedTask:
+            return templates.render_eval(cfg, run_id, write_spec(spec, Store.from_config(cfg.storage)), self.env)
+
+        return self._launch(cfg, templates.eval_job_name(run_id), render)
 
     def status(self, job: Job) -> JobState:
         if (cj := _cluster_job(job)) is not None:
@@ -143,13 +153,27 @@ class SkyPilotProvider:
         self._configs[cfg.skypilot.cluster] = cfg
         return Cluster(provider=NAME, name=cfg.skypilot.cluster, workdir=templates.REMOTE_WORKDIR)
 
-    def _exec_on_cluster(self, cfg: RunConfig, spec: TrainSpec) -> Job:
-        """`sky exec` this round on the existing cluster, or reattach to its live job of the same name.
+    def _launch(self, cfg: RunConfig, name: str, render: Callable[[], templates.RenderedTask]) -> Job:
+        """Reattach to the live job called `name`, else render (only then) and launch it as a managed job."""
+        if cfg.skypilot.cluster:
+            return self._exec_on_cluster(cfg, name, render)
+        live = self._live_job(name)
+        if live is not None:
+            return Job(provider=NAME, id=str(live.job_id), name=name)
+        rendered = render()
+        secrets = {k: self.env[k] for k in rendered_secret_names(rendered.yaml)}
+        try:
+            job_id = self.sky.launch_managed(rendered.yaml, name, secrets, rendered.is_job_group)
+        except Exception as e:  # SkyPilot raises many types; classify, never swallow.
+            raise _launch_error(self.sky, e) from e
+        return Job(provider=NAME, id=str(job_id), name=name)
+
+    def _exec_on_cluster(self, cfg: RunConfig, name: str, render: Callable[[], templates.RenderedTask]) -> Job:
+        """`sky exec` this task on the existing cluster, or reattach to its live job of the same name.
 
         The Ray dashboard of a cluster launched from these templates is at `sky status --endpoint 8265 CLUSTER`.
         """
         cluster = cfg.skypilot.cluster
-        name = templates.job_name(spec.run_id)
         self._exec_jobs[cluster] = name
         status = self.sky.cluster_status(cluster)
         if status != "UP":
@@ -158,7 +182,7 @@ class SkyPilotProvider:
         live = [r for r in self.sky.cluster_queue(cluster) if r.name == name and r.status in CLUSTER_LIVE]
         if live:
             return Job(provider=NAME, id=f"{cluster}{_CLUSTER_JOB_SEP}{max(r.job_id for r in live)}", name=name)
-        rendered = templates.render(cfg, spec, self.env)
+        rendered = render()
         secrets = {k: self.env[k] for k in rendered_secret_names(rendered.yaml)}
         try:
             job_id = self.sky.exec_on_cluster(cluster, rendered.yaml, secrets)
@@ -209,7 +233,8 @@ def _cluster_job(job: Job) -> tuple[str, int] | None:
 def _require_remote_store(cfg: RunConfig) -> None:
     if not cfg.storage.uri.startswith("s3://"):
         raise ConfigError(f"storage.uri {cfg.storage.uri!r} is on this machine, out of the cluster's reach: the verl "
-                          "task writes checkpoints, the model and train_result.json to the store. Set storage.uri "
+                          "task writes checkpoints, the model and train_result.json to the store, the eval task "
+                          "reads the model and writes its report there. Set storage.uri "
                           "to s3://bucket/prefix (and storage.endpoint_url for MinIO/R2)")
 
 
@@ -250,7 +275,7 @@ def job_state(record) -> JobState:
         raise InfraError(f"{where}: FAILED_CONTROLLER: the jobs controller failed ({reason}); "
                          "check `sky jobs logs --controller` and retry")
     if status == "FAILED":
-        raise TrainingError(f"{where}: FAILED: the training command exited with an error ({reason}); "
+        raise TrainingError(f"{where}: FAILED: the job's command (training or eval) exited with an error ({reason}); "
                             f"see `sky jobs logs {record.job_id}`")
     raise InfraError(f"{where}: unknown SkyPilot status {status!r}; upgrade verl-grpo's status mapping")
 
@@ -267,7 +292,7 @@ def cluster_job_state(cluster: str, record) -> JobState:
         raise InfraError(f"{where}: FAILED_DRIVER: SkyPilot's job driver died (e.g. the head ran out of memory); "
                          f"see `sky logs {cluster} {record.job_id}` and retry")
     if status == "FAILED":
-        raise TrainingError(f"{where}: FAILED: the training command exited with an error; "
+        raise TrainingError(f"{where}: FAILED: the job's command (training or eval) exited with an error; "
                             f"see `sky logs {cluster} {record.job_id}`")
     raise InfraError(f"{where}: unknown SkyPilot job status {status!r}; upgrade verl-grpo's status mapping")
 

@@ -1,8 +1,8 @@
 """Render SkyPilot task YAML from the templates under infra/skypilot/ (pure: no `sky` import, no I/O but reading them).
 
-Three shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
-`rollout_group` (rollout servers + router + replay buffer + trainer). Secrets are listed by name under
-`secrets:` only; their values are passed at launch and never rendered.
+Three training shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
+`rollout_group` (rollout servers + router + replay buffer + trainer); and the held-out eval task (vLLM on GPUs,
+`render_eval`). Secrets are listed by name under `secrets:` only; their values are passed at launch and never rendered.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from verl_grpo.trainers.verl_backend import (
     finalize_command,
     restore_command,
 )
+from verl_grpo.trainers.verl_checkpoints import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
@@ -43,6 +44,16 @@ SERVICES: dict[str, tuple[str, int]] = {
 REPLAY_BUFFER = ("verl_grpo.services.replay_buffer", 8400)
 ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
 ROUTER_PORT = 8080
+EVAL_MODULE = "verl_grpo.evaluate.vllm_runner"
+"""Entry of the eval task: `python -m EVAL_MODULE SPEC_URI`."""
+VLLM_VERSION = "0.24.0"
+"""The vLLM that `verl[vllm]==0.9.1` pins, so eval and training rollouts run the same engine."""
+EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", "pydantic>=2.7", "pyyaml", "pandas", "pyarrow", "fsspec", "s3fs>=2025.9",
+                 "filelock", "math-verify")
+"""What the eval runner imports, as pyproject.toml names them. verl-grpo itself goes in with --no-deps: its full
+dependency set (torch==2.13.0, prefect's fastapi) cannot be installed beside vLLM 0.24 (torch==2.11.0)."""
+EVAL_SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""The eval task only reads and writes the store; W&B and HF tokens are not passed to it."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,7 @@ class RenderedTask:
 
     @property
     def is_job_group(self) -> bool:
-        return self.shape != "multinode"
+        return self.shape in ("job_group", "rollout_group")
 
 
 def job_name(run_id: str) -> str:
@@ -94,6 +105,64 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
         ctx["exports"] = [_export_url(name, port) for name, (_, port) in SERVICES.items()]
         return RenderedTask(ctx["name"], shape, _render("job-group.yaml.j2", ctx))
     return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", _rollout_context(cfg, spec, ctx)))
+
+
+def eval_job_name(run_id: str) -> str:
+    """The eval task's name, `verl-grpo-{run_id}-eval`: distinct from the training job's, so neither reattaches
+    to the other."""
+    return f"{job_name(run_id)}-eval"
+
+
+def eval_accelerators(cfg: RunConfig) -> tuple[str, int]:
+    """(accelerator spec, whole GPUs) of the eval task: skypilot.eval_accelerators, else infra.accelerators' GPU
+    type × verl.rollout_tp. vLLM runs tensor-parallel over all of them."""
+    field = "skypilot.eval_accelerators" if cfg.skypilot.eval_accelerators else "infra.accelerators"
+    spec = cfg.skypilot.eval_accelerators or cfg.infra.accelerators
+    if not spec:
+        raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
+    name, sep, count = spec.partition(":")
+    if field == "infra.accelerators":
+        return f"{name}:{cfg.verl.rollout_tp}", cfg.verl.rollout_tp
+    try:
+        n = float(count) if sep else 1.0
+    except ValueError:
+        n = 0.0
+    if not name or n < 1 or n != int(n):
+        raise ConfigError(f"{field} {spec!r}: the vLLM eval needs whole GPUs as NAME:COUNT, e.g. H100:1")
+    return spec, int(n)
+
+
+def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, str],
+                workdir: str | None = None) -> RenderedTask:
+    """The SkyPilot task running `python -m verl_grpo.evaluate.vllm_runner SPEC_URI` for this run's held-out eval."""
+    sp = cfg.skypilot
+    accelerators, _ = eval_accelerators(cfg)
+    envs = {ENV_RUN_ID: run_id, ENV_STORE_URI: cfg.storage.uri}
+    if cfg.storage.endpoint_url:
+        envs[ENV_STORE_ENDPOINT] = cfg.storage.endpoint_url
+        envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
+    ctx = {
+        "name": eval_job_name(run_id),
+        "run_id": run_id,
+        "accelerators": accelerators,
+        "use_spot": cfg.infra.spot,
+        "infra": "/".join(p for p in (sp.cloud, sp.region) if p) if sp.cloud else None,
+        "ports": [],
+        "job_recovery": not sp.cluster,
+        "recovery_strategy": sp.recovery_strategy,
+        "max_restarts_on_errors": sp.max_restarts_on_errors,
+        "workdir": workdir or str(repo_root() or Path.cwd()),
+        "file_mounts": {},
+        "envs": dict(sorted(envs.items())),
+        "secrets": [k for k in EVAL_SECRET_ENV_VARS if env.get(k)],
+        "setup": [
+            "python3 -m pip install --quiet --upgrade uv",
+            f"uv pip install --system {shlex.join(EVAL_PACKAGES)}",
+            "uv pip install --system --no-deps -e .",
+        ],
+        "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
+    }
+    return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))
 
 
 def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None) -> dict:

@@ -1,0 +1,64 @@
+"""What the flow shows and records besides the pipeline: progress parsing, artifact contents, the crash hook."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from uuid import uuid4
+
+from flows.hooks import record_crash
+from tasks.progress import rewards_markdown
+from tasks.reporting import eval_table, mlflow_local_note, mlflow_run_url
+from verl_grpo import runs
+from verl_grpo.config import load_config
+from verl_grpo.contracts import EvalReport
+from verl_grpo.pipeline import TrainProgress, parse_progress
+from verl_grpo.store import Store
+
+
+def test_parse_progress_reads_trl_and_verl_step_lines():
+    trl = parse_progress("step 3/8 reward=0.25 reward_std=0.1 loss=0.01 s/step=2.5", 8)
+    assert (trl.step, trl.total_steps, trl.reward, trl.metrics["loss"]) == (3, 8, 0.25, 0.01)
+    assert trl.percent == 37.5
+    verl = parse_progress("step:5 - critic/score/mean:0.75 - actor/lr:1e-06 - timing:abc", 10)
+    assert (verl.step, verl.total_steps, verl.reward) == (5, 10, 0.75)
+    assert parse_progress("checkpoint step 2 committed to file:///x", 8) is None
+    assert parse_progress("resuming run r from checkpoint step 2", 8) is None
+
+
+def test_rewards_markdown_keeps_the_latest_rows():
+    history = [TrainProgress(s, 60, s / 100, {"loss": 0.5}) for s in range(1, 61)]
+    md = rewards_markdown("run-1", history)
+    assert "Last 50 of 60 steps." in md
+    assert "| 60/60 | 0.6 | 0.5 |" in md and "| 10/60 |" not in md
+
+
+def test_eval_table_compares_base_and_trained():
+    def report(metrics):
+        return EvalReport(model_uri="m", split="test", n=8, metrics=metrics, table_uri="t", settings_key="k")
+
+    rows = eval_table(report({"accuracy": 0.5, "format": 1.0}), report({"accuracy": 0.25}))
+    assert rows == [{"metric": "accuracy", "base": 0.25, "trained": 0.5, "delta": 0.25},
+                    {"metric": "format", "base": None, "trained": 1.0, "delta": None}]
+
+
+def test_mlflow_link_is_a_url_only_for_a_tracking_server():
+    assert mlflow_run_url("http://127.0.0.1:5000/", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert mlflow_run_url("sqlite:////tmp/mlflow.db", "3", "abc") is None
+    assert "mlflow ui --backend-store-uri sqlite:////tmp/mlflow.db" in mlflow_local_note("sqlite:////tmp/mlflow.db", "abc")
+
+
+def test_crash_hook_marks_the_run_failed_and_resumable(tmp_path):
+    overrides = [f"storage.uri=file://{tmp_path / 'store'}"]
+    cfg = load_config(["gsm8k"], overrides)
+    store = Store.from_config(cfg.storage)
+    run_id, _ = runs.begin_run(store, cfg, None)
+    flow_run = SimpleNamespace(id=uuid4(), name="gsm8k-x", parameters={"config": ["gsm8k"], "overrides": overrides})
+    state = SimpleNamespace(message="Flow run process exited with signal 9")
+
+    record_crash(None, flow_run, state)
+    record_crash(None, flow_run, state)
+
+    record = runs.read_run(store, run_id)
+    assert record["status"] == "failed" and record["crashes"] == 2
+    assert "signal 9" in record["error"] and record["crashed_flow_run_id"] == str(flow_run.id)
+    assert runs.find_resumable(store, cfg) == run_id  # a re-run with the same parameters resumes it

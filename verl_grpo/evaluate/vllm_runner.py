@@ -1,0 +1,203 @@
+"""`python -m verl_grpo.evaluate.vllm_runner SPEC_URI`: the held-out eval as a GPU task, generating with vLLM.
+
+The SkyPilot eval task (infra/skypilot/eval-vllm.yaml.j2) runs this on a GPU node. The spec in the store
+holds everything but secrets: the resolved run config (store URI and endpoint included), the dataset
+version, the model's store URI and where the per-problem table and the EvalReport go. Planning, scoring
+and aggregation are the CPU path's own (runner.plan_eval / run_eval); only generation differs:
+`VLLMGenerator`. vLLM is imported when the generator is built, so this module imports without it.
+
+Exit codes as the other cluster entries: 0 done, 2 the user must fix something, 75 retryable, 1 failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import DatasetVersion, EvalReport
+from verl_grpo.errors import ConfigError, InfraError, VerlGrpoError
+from verl_grpo.evaluate.generation import (
+    Generation,
+    GenerationParams,
+    Progress,
+    check_chat_template,
+    encode_prompts,
+    render_prompts,
+)
+from verl_grpo.evaluate.models import resolve_model_dir
+from verl_grpo.evaluate.runner import plan_eval, run_eval
+from verl_grpo.store import Store, eval_table, filesystem_for, run_dir, strip_scheme
+from verl_grpo.trainers.verl_checkpoints import ENV_STORE_ENDPOINT, exit_code
+
+GPU_MEMORY_UTILIZATION = 0.9
+"""The eval task has its GPUs to itself, so nearly all their memory (vLLM 0.24 defaults to 0.92); verl's rollouts share
+theirs with training, hence verl.gpu_memory_utilization=0.6."""
+_FAILED_FINISH = {"abort", "error"}
+"""vLLM finish reasons of a request the engine gave up on (`error` is, by vLLM's own definition, retryable)."""
+
+
+class EvalSpec(BaseModel):
+    """What the GPU eval task evaluates and where it writes; no secrets (credentials come from the task's env)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    config: dict[str, Any]
+    """The resolved RunConfig (`model_dump(mode="json")`): eval settings, model dtype, storage URI and endpoint."""
+    dataset: DatasetVersion
+    model_uri: str
+    """The trained model directory in the store (`runs/{run_id}/model`)."""
+    table_rel: str
+    """Per-problem parquet, relative to the store root (`runs/{run_id}/eval/{split}.parquet`)."""
+    report_rel: str
+    """EvalReport JSON, relative to the store root (`runs/{run_id}/eval/{split}.json`)."""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+
+    def run_config(self) -> RunConfig:
+        try:
+            return RunConfig.model_validate(self.config)
+        except ValidationError as e:
+            raise ConfigError(f"the eval spec of run {self.run_id} holds a config this verl-grpo cannot read ({e}); "
+                              "launch the eval with the same verl-grpo version as the cluster installs") from None
+
+
+def report_rel(run_id: str, split: str) -> str:
+    """Where a run's EvalReport lives in the store (the CPU path of pipeline.evaluate writes the same file)."""
+    return f"{run_dir(run_id)}/eval/{split}.json"
+
+
+def spec_rel(run_id: str, split: str) -> str:
+    return f"{run_dir(run_id)}/eval/{split}-vllm-spec.json"
+
+
+def plan_spec(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: str,
+              tensor_parallel_size: int = 1) -> EvalSpec:
+    """The spec of a run's held-out eval on GPUs (pure)."""
+    if tensor_parallel_size < 1:
+        raise ConfigError(f"the vLLM eval needs at least one whole GPU, got tensor_parallel_size="
+                          f"{tensor_parallel_size}; set skypilot.eval_accelerators, e.g. H100:1")
+    split = cfg.eval.split
+    return EvalSpec(run_id=run_id, config=cfg.model_dump(mode="json"), dataset=dataset, model_uri=model_uri,
+                    table_rel=eval_table(run_id, split), report_rel=report_rel(run_id, split),
+                    tensor_parallel_size=tensor_parallel_size)
+
+
+def write_spec(spec: EvalSpec, store: Store) -> str:
+    """Store the spec beside the run; its URI is the task's argument."""
+    return store.write_text(spec.model_dump_json(indent=1), spec_rel(spec.run_id, spec.run_config().eval.split))
+
+
+def read_spec(uri: str, endpoint_url: str | None = None) -> EvalSpec:
+    try:
+        with filesystem_for(uri, endpoint_url).open(strip_scheme(uri), "r") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"eval spec {uri} does not exist; the pipeline's evaluate step writes it before launching "
+                          "the eval task — launch through verl-grpo") from None
+    except OSError as e:
+        raise InfraError(f"eval spec {uri}: could not read it ({type(e).__name__}: {e}); "
+                         "check the store and retry") from e
+    try:
+        return EvalSpec.model_validate_json(text)
+    except ValidationError as e:
+        raise ConfigError(f"eval spec {uri} is not a verl-grpo eval spec ({e}); launch through verl-grpo") from None
+
+
+class VLLMGenerator:
+    """Generator on vLLM's offline engine: greedy is temperature 0, pass@k/maj@k sample `n=k` per prompt.
+
+    Prompts go in as token ids encoded exactly like the CPU path (chat template from the model's tokenizer,
+    no extra special tokens), so both backends see the same prompts.
+    """
+
+    def __init__(self, model_dir: Path, dtype: str = "float32", tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, seed: int = 0):
+        try:
+            import vllm
+        except ImportError as e:
+            raise ConfigError("vllm is not installed here; the eval task's setup installs it (the GPU eval runs "
+                              "on the skypilot provider), or use infra.provider=local for the CPU evaluator") from e
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                            gpu_memory_utilization=gpu_memory_utilization, seed=seed)
+        self.tokenizer = self.llm.get_tokenizer()
+        check_chat_template(self.tokenizer, model_dir)
+
+    def render_prompts(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
+        return render_prompts(self.tokenizer, conversations)
+
+    def generate(self, prompts: Sequence[str], params: GenerationParams,
+                 progress: Progress | None = None) -> list[list[Generation]]:
+        inputs = [{"prompt_token_ids": ids} for ids in encode_prompts(self.tokenizer, prompts)]
+        outputs = self.llm.generate(inputs, self.sampling_params(params, len(prompts)), use_tqdm=True)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(prompts)} prompts")
+        results = [[_generation(c) for c in out.outputs] for out in outputs]
+        if progress is not None:
+            progress(len(prompts), len(prompts))
+        return results
+
+    def sampling_params(self, params: GenerationParams, n_prompts: int) -> list[Any]:
+        """One SamplingParams per prompt: each problem gets its own seed, so its samples do not depend on batching."""
+        sp = self._vllm.SamplingParams
+        if not params.do_sample:
+            return [sp(n=params.samples, temperature=0.0, max_tokens=params.max_new_tokens)] * n_prompts
+        return [sp(n=params.samples, temperature=params.temperature, top_p=params.top_p,
+                   max_tokens=params.max_new_tokens, seed=params.seed + i) for i in range(n_prompts)]
+
+
+def _generation(completion: Any) -> Generation:
+    """vLLM's CompletionOutput → Generation. Its token_ids keep the end-of-sequence token (as the CPU path counts).
+    finish_reason `stop` (EOS or stop token) is finished; `length` (budget exhausted) and `repetition` (vLLM cut a
+    looping response) are unfinished responses that still get scored; `abort`/`error` fail the eval."""
+    if completion.finish_reason in _FAILED_FINISH or completion.finish_reason is None:
+        raise InfraError(f"vLLM ended a request with finish_reason={completion.finish_reason!r} instead of a "
+                         "response; the eval task's retry runs it again")
+    return Generation(text=completion.text, tokens=len(completion.token_ids),
+                      finished=completion.finish_reason == "stop")
+
+
+def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
+    """Download the model, generate with vLLM, score like the CPU path, write table and report to the store."""
+    cfg = spec.run_config()
+    store = Store.from_config(cfg.storage)
+    plan = plan_eval(cfg, spec.dataset, store, samples=cfg.eval.samples, temperature=cfg.eval.temperature,
+                     top_p=cfg.eval.top_p)
+    model_dir = resolve_model_dir(spec.model_uri, store)
+    generator = VLLMGenerator(model_dir, cfg.model.dtype, spec.tensor_parallel_size, spec.gpu_memory_utilization,
+                              seed=cfg.eval.seed)
+    report = run_eval(plan, spec.model_uri, generator, store, spec.table_rel, progress=progress)
+    store.write_text(report.model_dump_json(indent=1), spec.report_rel)
+    return report
+
+
+def _print_progress(done: int, total: int) -> None:
+    print(f"eval {done}/{total}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_grpo.evaluate.vllm_runner", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", help="store URI of the eval spec (runs/<run_id>/eval/<split>-vllm-spec.json)")
+    args = parser.parse_args(argv)
+    try:
+        spec = read_spec(args.spec, os.environ.get(ENV_STORE_ENDPOINT) or None)
+        report = run_spec(spec, progress=_print_progress)
+    except VerlGrpoError as e:
+        print(f"vllm_runner: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return exit_code(e)
+    metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(report.metrics.items()))
+    print(f"eval done: {report.n} problems, {metrics}; report {spec.report_rel}, table {report.table_uri}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

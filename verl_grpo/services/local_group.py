@@ -1,0 +1,290 @@
+"""The local job group: the enabled services as subprocesses on 127.0.0.1 beside a local training run.
+
+`start_local_services` starts each enabled service (`python -m <module> serve` on a free port, logs in
+`{workdir}/services/{task}.log`), waits until each answers /health, and returns the endpoints and the env
+the trainer needs — the same `VERL_GRPO_<TASK>_URL` variables the SkyPilot job group exports, plus
+`<token_env>_FILE` naming a fresh per-run token file (mode 0600; the token never appears on a command line).
+`stop_local_services` stops them `termination_delay_s` later. A second start for the same work dir reuses
+live, healthy services (a retried provision step does not start duplicates).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from verl_grpo.config import RunConfig
+from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.services import SERVICES, token_file_env
+from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
+
+logger = logging.getLogger(__name__)
+
+SERVICES_DIR = "services"
+RECORD_FILE = "services.json"
+TOKEN_FILE = "token"
+STOP_GRACE_S = 15.0
+_PORT_RETRIES = 3
+
+
+@dataclass
+class ServiceGroup:
+    """Running local services: task → URL, the env for the trainer, and what is needed to stop them."""
+
+    endpoints: dict[str, str]
+    env: dict[str, str]
+    pids: dict[str, int]
+    commands: dict[str, list[str]]
+    logs: dict[str, str]
+    termination_delay_s: float
+    token_file: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def service_command(name: str, cfg: RunConfig, port: int, run_id: str, dataset_uri: str | None = None) -> list[str]:
+    """The `serve` command of service `name` with the run's settings (no secrets on it)."""
+    spec = SERVICES[name]
+    s = cfg.services
+    cmd = [sys.executable, "-m", spec.module, "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--token-env", s.token_env, "--max-body-bytes", str(s.max_body_bytes), "--exit-with-parent"]
+    store = ["--store-uri", cfg.storage.uri] + (["--store-endpoint", cfg.storage.endpoint_url]
+                                                 if cfg.storage.endpoint_url else [])
+    if name == "data":
+        cmd += store + ["--run-id", run_id, "--seed", str(s.data.seed), "--max-batch", str(s.data.max_batch)]
+        cmd += ["--dataset-uri", dataset_uri] if dataset_uri else ["--dataset", cfg.dataset.name]
+    elif name == "reward":
+        cmd += ["--max-items", str(s.reward.max_items), "--model-batch-size", str(s.reward.model_batch_size)]
+        cmd += ["--reward-model", s.reward.reward_model] if s.reward.reward_model else []
+    elif name == "retrieval":
+        r = s.retrieval
+        cmd += store + ["--index", r.index, "--kind", r.index_kind, "--default-top-k", str(r.default_top_k),
+                        "--max-top-k", str(r.max_top_k), "--max-queries", str(r.max_queries)]
+        cmd += ["--corpus", r.corpus] if r.corpus else []
+    elif name == "replay":
+        p = s.replay
+        cmd += store + ["--run-id", run_id, "--capacity", str(p.capacity), "--alpha", str(p.alpha),
+                        "--compact-every", str(p.compact_every)]
+    return cmd
+
+
+def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, dataset_uri: str | None = None) -> ServiceGroup | None:
+    """Start (or reuse) the services in cfg.services.enabled; None when none are enabled.
+
+    Raises InfraError (retryable) when a service does not become healthy within startup_timeout_s, and
+    ConfigError when one exits with a configuration error; whatever was started is stopped first.
+    """
+    if not cfg.services.enabled:
+        return None
+    sdir = Path(workdir) / SERVICES_DIR
+    sdir.mkdir(parents=True, exist_ok=True)
+    existing = _read_record(Path(workdir))
+    if existing is not None and set(existing.endpoints) == {SERVICES[n].task for n in cfg.services.enabled} \
+            and _all_alive(existing) and _all_healthy(existing):
+        logger.info("reusing running services %s", existing.endpoints)
+        return existing
+    if existing is not None:
+        _terminate(existing)
+    token_file = _write_token(sdir / TOKEN_FILE)
+    env = {**os.environ, token_file_env(cfg.services.token_env): str(token_file), "HF_HUB_OFFLINE": "1",
+           STORE_URI_ENV: cfg.storage.uri, "PYTHONUNBUFFERED": "1"}
+    env.pop(cfg.services.token_env, None)
+    if cfg.storage.endpoint_url:
+        env[STORE_ENDPOINT_ENV] = cfg.storage.endpoint_url
+    group = ServiceGroup(endpoints={}, env={token_file_env(cfg.services.token_env): str(token_file)}, pids={},
+                         commands={}, logs={}, termination_delay_s=cfg.services.termination_delay_s,
+                         token_file=str(token_file))
+    try:
+        for name in cfg.services.enabled:
+            _start_one(name, cfg, run_id, sdir, env, group, dataset_uri)
+        _write_record(Path(workdir), group)
+        _wait_ready(group, cfg.services.startup_timeout_s)
+    except BaseException:
+        _terminate(group)
+        _remove_record(Path(workdir))
+        raise
+    logger.info("services up: %s (logs in %s)", group.endpoints, sdir)
+    return group
+
+
+def stop_local_services(workdir: str | Path, delay_s: float | None = None) -> None:
+    """Stop the work dir's services after `delay_s` (default: the group's termination_delay_s)."""
+    group = _read_record(Path(workdir))
+    if group is None:
+        return
+    delay = group.termination_delay_s if delay_s is None else delay_s
+    if delay > 0 and _all_alive(group):
+        logger.info("stopping services in %.0fs", delay)
+        time.sleep(delay)
+    _terminate(group)
+    _remove_record(Path(workdir))
+
+
+def services_env(workdir: str | Path) -> dict[str, str]:
+    """The env of the running services of a work dir (URLs + token file), empty when none run."""
+    group = _read_record(Path(workdir))
+    return dict(group.env) if group else {}
+
+
+def _start_one(name: str, cfg: RunConfig, run_id: str, sdir: Path, env: dict[str, str], group: ServiceGroup,
+               dataset_uri: str | None) -> None:
+    spec = SERVICES[name]
+    log_path = sdir / f"{spec.task}.log"
+    for _ in range(_PORT_RETRIES):
+        port = _free_port()
+        cmd = service_command(name, cfg, port, run_id, dataset_uri)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=sdir, start_new_session=True)
+        time.sleep(0.05)
+        if proc.poll() is not None and b"address already in use" in log_path.read_bytes()[-2000:].lower():
+            continue  # another process took the port between probing and binding
+        url = f"http://127.0.0.1:{port}"
+        group.endpoints[spec.task] = url
+        group.env[spec.url_env] = url
+        group.pids[spec.task] = proc.pid
+        group.commands[spec.task] = cmd
+        group.logs[spec.task] = str(log_path)
+        return
+    raise InfraError(f"{spec.task} could not bind a free port on 127.0.0.1 after {_PORT_RETRIES} tries")
+
+
+def _wait_ready(group: ServiceGroup, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = dict(group.endpoints)
+    with httpx.Client(timeout=2.0) as http:
+        while pending:
+            for task, url in list(pending.items()):
+                code = _exit_code(group.pids[task])
+                if code is not None:
+                    tail = _tail(Path(group.logs[task]))
+                    error = ConfigError if code == 2 else InfraError
+                    raise error(f"{task} exited with code {code} during start-up; log {group.logs[task]}:\n{tail}")
+                try:
+                    if http.get(f"{url}/health").status_code == 200:
+                        del pending[task]
+                except httpx.TransportError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                raise InfraError(f"{', '.join(pending)} not healthy after {timeout_s:.0f}s; see "
+                                 f"{', '.join(group.logs[t] for t in pending)} (raise services.startup_timeout_s)")
+            if pending:
+                time.sleep(0.25)
+
+
+def _terminate(group: ServiceGroup) -> None:
+    live = {task: pid for task, pid in group.pids.items() if _owned_alive(pid, group.commands.get(task))}
+    for pid in live.values():
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(_exit_code(pid) is None for pid in live.values()):
+        time.sleep(0.1)
+    for pid in live.values():
+        if _exit_code(pid) is None:
+            _signal_group(pid, signal.SIGKILL)
+            _exit_code(pid)
+
+
+def _exit_code(pid: int) -> int | None:
+    """The exit code of our child `pid` once it ended (reaping it), None while it runs; -1 if not our child."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None if _pid_alive(pid) else -1
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _owned_alive(pid: int, command: list[str] | None) -> bool:
+    """Alive and still running our command (a recycled pid belongs to someone else)."""
+    if not _pid_alive(pid) or not command:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[: len(command)] == [c.encode() for c in command]
+    except OSError:
+        return False
+
+
+def _all_alive(group: ServiceGroup) -> bool:
+    return all(_owned_alive(pid, group.commands.get(task)) for task, pid in group.pids.items())
+
+
+def _all_healthy(group: ServiceGroup) -> bool:
+    try:
+        with httpx.Client(timeout=2.0) as http:
+            return all(http.get(f"{url}/health").status_code == 200 for url in group.endpoints.values())
+    except httpx.TransportError:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_token(path: Path) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32))
+    os.chmod(path, 0o600)
+    return path
+
+
+def _record_path(workdir: Path) -> Path:
+    return workdir / SERVICES_DIR / RECORD_FILE
+
+
+def _write_record(workdir: Path, group: ServiceGroup) -> None:
+    _record_path(workdir).write_text(json.dumps(asdict(group), indent=2))
+
+
+def _read_record(workdir: Path) -> ServiceGroup | None:
+    try:
+        return ServiceGroup(**json.loads(_record_path(workdir).read_text()))
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def _remove_record(workdir: Path) -> None:
+    _record_path(workdir).unlink(missing_ok=True)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
