@@ -237,3 +237,13 @@ def _no_cpu_eval(*args, **kwargs):
 
 def _no_spec_write(spec, store):
     raise AssertionError("a reattach must not rewrite the live job's spec")
+
+
+def test_training_setup_installs_verl_beside_our_runtime_without_our_pins():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
+                                  "skypilot.shape=job_group"], env={})
+    verl, *rest = templates.cluster_packages(cfg, "vllm")
+    assert verl == "verl[vllm]==0.9.1"
+    assert set(rest) <= set(project)
+    assert not any(p.startswith(("torch", "transformers", "prefect", "mlflow")) for p in rest)

