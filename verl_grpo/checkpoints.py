@@ -118,7 +118,7 @@ class CheckpointStore:
         self.part_concurrency = part_concurrency
 
     @classmethod
-    def from_config(cls, store: Store, storage: Any) -> "CheckpointStore":
+    def from_config(cls, store: Store, storage: Any) -> CheckpointStore:
         """A store with the retry budget of a StorageConfig (`upload_retries`, `upload_backoff_s`)."""
         return cls(store, retries=storage.upload_retries, backoff_s=storage.upload_backoff_s)
 

@@ -103,7 +103,8 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
     if shape == "job_group":
         ctx["services"] = [
             {"name": name, "cpus": "4+", "port": port,
-             "command": shlex.join(["python", "-m", module, "serve", "--host", "0.0.0.0", "--port", str(port)])}
+             "command": shlex.join(["python", "-m", module, "serve", "--host", "0.0.0.0", "--port", str(port),
+                                    *service_args(name, spec)])}
             for name, (module, port) in SERVICES.items()
         ]
         ctx["exports"] = [_export_url(name, port) for name, (_, port) in SERVICES.items()]
@@ -167,6 +168,13 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
     }
     return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))
+
+
+def service_args(name: str, spec: TrainSpec) -> list[str]:
+    """The data-server serves exactly the dataset version being trained (read from the store)."""
+    if name == "data-server" and spec.env.get(DATASET_URI_ENV):
+        return ["--dataset-uri", spec.env[DATASET_URI_ENV]]
+    return []
 
 
 def cluster_packages(cfg: RunConfig, engine: str) -> list[str]:
