@@ -263,7 +263,7 @@ def run_server(app: FastAPI, host: str, port: int, log_level: str = "info", exit
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if exit_with_parent:
         _watch_parent()
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=10,
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=True, timeout_graceful_shutdown=10,
                 server_header=False)
 
 

@@ -181,7 +181,13 @@ def _load_model(spec: WorkerSpec):
     return load_model_and_tokenizer(path, spec.cfg.model.dtype)
 
 
-def _reward_functions(data_source: str):
+def _reward_functions(cfg, data_source: str):
+    """In-process scorers, or the run's reward-server (same functions and weights) when `services` enables it."""
+    if "reward" in cfg.services.enabled:
+        from verl_grpo.services.reward_client import remote_trl_reward_functions
+
+        print("rewards: scored by the reward-server", flush=True)
+        return remote_trl_reward_functions(data_source)
     from verl_grpo.rewards.trl_adapter import trl_reward_functions
 
     return trl_reward_functions(data_source)
@@ -245,7 +251,7 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     """
     cfg = spec.cfg
     train_dataset = load_train_dataset(spec, spec.store)
-    reward_funcs, reward_weights = _reward_functions(cfg.dataset.name)
+    reward_funcs, reward_weights = _reward_functions(cfg, cfg.dataset.name)
     model, tokenizer = _load_model(spec)
     args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights))
     consumed: list = []
