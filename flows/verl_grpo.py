@@ -6,7 +6,8 @@ from prefect import flow, get_client, tags
 from prefect.runtime import flow_run
 
 from flows.hooks import record_crash
-from tasks.evaluate import evaluate, evaluate_base
+from flows.task_runners import task_runner
+from tasks.evaluate import submit_eval
 from tasks.prepare import prepare_data
 from tasks.provision import provision, teardown
 from tasks.register import register
@@ -38,8 +39,10 @@ def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = Non
         cluster = provision(cfg, run.run_id)
         try:
             result = train(cfg, dataset, cluster, run.run_id)
-            base_report = evaluate_base(cfg, dataset)
-            report = evaluate(cfg, result.model_uri, dataset, run.run_id)
+            with task_runner(cfg.orchestration) as runner:  # threads, or Ray workers (local or a cluster)
+                base_eval = submit_eval(runner, cfg, dataset)  # cached across runs
+                trained_eval = submit_eval(runner, cfg, dataset, result.model_uri, run.run_id)
+                base_report, report = base_eval.result(), trained_eval.result()
             version = register(cfg, run.run_id, dataset, result, report, base_report, tracking_tags(run.run_id))
         finally:
             teardown(cfg, cluster)

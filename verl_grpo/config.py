@@ -168,6 +168,44 @@ class EvalConfig(_Section):
     """Nucleus sampling for pass@k / maj@k; None uses algorithm.top_p."""
     threads: int | None = Field(None, ge=1)
     """torch CPU threads while evaluating; None uses trainer.threads."""
+    shards: int = Field(1, ge=1)
+    """Split greedy generation of each evaluated model into this many tasks (whole batches each, every task loads
+    the model); results equal one task's exactly. Pays off with idle cores or Ray nodes (orchestration.task_runner);
+    needs samples=0 (sampled draws depend on every earlier batch). Ignored for the trained model on skypilot (vLLM)."""
+
+    @model_validator(mode="after")
+    def _shards_greedy_only(self) -> "EvalConfig":
+        if self.shards > 1 and self.samples > 0:
+            raise ValueError(f"shards={self.shards} needs samples=0: sampled responses depend on the random draws of "
+                             "every earlier batch, so sharding would change them; set eval.shards=1 or eval.samples=0")
+        return self
+
+
+class OrchestrationConfig(_Section):
+    """Where the Prefect flow runs its concurrent tasks (the evals of base and trained model and their shards)."""
+
+    task_runner: Literal["thread", "ray"] = "thread"
+    """`thread`: a thread pool in the flow process (no start-up cost); `ray`: Ray workers, a local Ray started for
+    the eval step (a few seconds of start-up) or the cluster at ray_address."""
+    ray_address: str | None = None
+    """With task_runner=ray: None starts a local Ray bound to 127.0.0.1 (stopped after the eval step); `auto`
+    (the Ray cluster started on this machine with `ray start`) or `ray://host:10001` joins an existing cluster,
+    whose nodes need this project and its locked dependencies installed."""
+
+    @field_validator("ray_address")
+    @classmethod
+    def _address_form(cls, address: str | None) -> str | None:
+        if address is not None and address != "auto" and not address.startswith("ray://"):
+            raise ValueError("must be `auto` or a Ray client address `ray://host:port` (e.g. ray://head:10001); "
+                             "leave it unset to start a local Ray")
+        return address
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> "OrchestrationConfig":
+        if self.ray_address is not None and self.task_runner != "ray":
+            raise ValueError(f"ray_address={self.ray_address!r} is only used with task_runner=ray; set "
+                             "orchestration.task_runner=ray or drop orchestration.ray_address")
+        return self
 
 
 class VerlConfig(_Section):
@@ -347,6 +385,8 @@ class RunConfig(_Section):
     """SkyPilot provider settings."""
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     """Auxiliary services (data, reward, retrieval, replay) run beside training."""
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+    """Prefect task runner of the flow's concurrent tasks."""
 
     @property
     def experiment_name(self) -> str:

@@ -4,6 +4,10 @@ Only generation depends on the backend (a `Generator`: transformers on CPU here,
 vllm_runner.py); `run_eval` does everything else the same way for both. `evaluate_model` always generates;
 `evaluate_cached` reuses an earlier result of the same model files on the same problems with the same
 generation settings (base models are evaluated once, not nightly).
+
+Generation can be split into shards (eval.shards) that run as separate tasks: `generate_shard` produces one
+shard's responses (`evaluate_shard` from a config), `finish_eval` merges them back into plan order and scores,
+aggregates and writes exactly as one unsharded `run_eval` (which is itself one shard plus `finish_eval`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import json
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +26,8 @@ import pandas as pd
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
-from verl_grpo.errors import ConfigError, DataError
-from verl_grpo.evaluate.generation import Generation, GenerationParams, Generator, HFGenerator
+from verl_grpo.errors import ConfigError, DataError, InfraError
+from verl_grpo.evaluate.generation import Generation, GenerationParams, Generator, HFGenerator, encode_prompts
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
@@ -31,6 +36,9 @@ from verl_grpo.store import Store, eval_cache_table, eval_table
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]
 _RUN_MODEL = re.compile(r"/runs/(?P<run_id>[^/]+)/model/?$")
+# transformers' from_pretrained is not thread-safe (measured with 5.10: concurrent loads leave tied weights
+# "missing", randomly re-initialised, or on the meta device), and the flow evaluates models in parallel threads.
+_MODEL_LOAD = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,17 @@ class EvalPlan:
     sampled: GenerationParams | None
     settings_key: str
     split: str
+
+
+@dataclass(frozen=True)
+class EvalShard:
+    """One shard's responses: the plan positions it generated (indexes into plan.problems), their rendered
+    prompts, the greedy responses and, when the plan samples, the sampled responses of each."""
+
+    positions: list[int]
+    prompts: list[str]
+    greedy: list[Generation]
+    sampled: list[list[Generation]] | None = None
 
 
 def plan_eval(
@@ -92,18 +111,22 @@ def evaluate_model(
     top_p: float | None = None,
     threads: int | None = None,
     scorer: Scorer | None = None,
+    shards: Sequence[EvalShard] | None = None,
 ) -> EvalReport:
     """Greedy mean@1 (plus pass@k/maj@k when `samples` > 0) of a model on the held-out split.
 
     The per-problem table goes to `out_rel` (relative to the store root), by default
     `runs/{run_id}/eval/{split}.parquet` (run_id given, or read off a `runs/{run_id}/model` URI).
     `threads` caps torch CPU threads while generating (default: trainer.threads, else torch's default).
+    `shards`: the responses of every shard (`evaluate_shard` 0..eval.shards-1); given, nothing is generated here.
     """
     plan = plan_eval(cfg, dataset, store, samples=samples, temperature=temperature, top_p=top_p)
     if out_rel is None:
         out_rel = eval_table(run_id, plan.split) if run_id else _default_table(model_uri_or_path, store, plan.split)
+    if shards is not None:
+        return finish_eval(plan, model_uri_or_path, shards, store, out_rel, scorer=scorer)
     model_dir = resolve_model_dir(model_uri_or_path, store)
-    generator = HFGenerator(model_dir, cfg.model.dtype, threads or cfg.trainer.threads)
+    generator = _load_generator(cfg, model_dir, threads)
     return run_eval(plan, model_uri_or_path, generator, store, out_rel, progress=progress, scorer=scorer)
 
 
@@ -119,22 +142,63 @@ def evaluate_cached(
     top_p: float | None = None,
     threads: int | None = None,
     scorer: Scorer | None = None,
+    shards: Sequence[EvalShard | None] | None = None,
 ) -> EvalReport:
     """Like evaluate_model, but an earlier result for the same model files and settings is returned as is.
 
     Cache entry: `eval-cache/{model_key}/{split}-{settings}.parquet` plus `.json` (the report), written last.
+    `shards`: the responses of every shard (`evaluate_shard(..., cached=True)`, None where the cache already
+    held the result); given, nothing is generated here.
     """
     plan = plan_eval(cfg, dataset, store, samples=samples, temperature=temperature, top_p=top_p)
     model_dir = resolve_model_dir(model_uri_or_path, store)
-    table_rel = eval_cache_table(model_key(model_uri_or_path, model_dir), plan.split, plan.settings_key)
-    report_rel = table_rel.removesuffix(".parquet") + ".json"
-    if store.exists(report_rel) and store.exists(table_rel):
-        cached = EvalReport.model_validate_json(store.read_text(report_rel))
+    table_rel, report_rel = _cache_entry(model_uri_or_path, model_dir, plan)
+    if cached := _read_cached(store, table_rel, report_rel):
         return cached.model_copy(update={"model_uri": model_uri_or_path})
-    generator = HFGenerator(model_dir, cfg.model.dtype, threads or cfg.trainer.threads)
-    report = run_eval(plan, model_uri_or_path, generator, store, table_rel, progress=progress, scorer=scorer)
+    if shards is not None:
+        if any(shard is None for shard in shards):
+            raise InfraError(f"the eval cache entry {report_rel} that shards found has gone from the store "
+                             "(deleted meanwhile); retry the evaluation")
+        report = finish_eval(plan, model_uri_or_path, [s for s in shards if s is not None], store, table_rel,
+                             scorer=scorer)
+    else:
+        generator = _load_generator(cfg, model_dir, threads)
+        report = run_eval(plan, model_uri_or_path, generator, store, table_rel, progress=progress, scorer=scorer)
     store.write_text(report.model_dump_json(indent=2), report_rel)
     return report
+
+
+def evaluate_shard(
+    cfg: RunConfig,
+    model_uri_or_path: str,
+    dataset: DatasetVersion,
+    store: Store,
+    shard: int,
+    *,
+    cached: bool = False,
+    progress: Progress | None = None,
+    samples: int = 0,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    threads: int | None = None,
+) -> EvalShard | None:
+    """Responses of shard `shard` of cfg.eval.shards (whole generation batches; see shard_positions).
+
+    Pass all shards' results to evaluate_model / evaluate_cached (`shards=`) to score them. With `cached`
+    (models evaluated through evaluate_cached) it returns None, generating nothing, when the cache holds the result.
+    """
+    plan = plan_eval(cfg, dataset, store, samples=samples, temperature=temperature, top_p=top_p)
+    model_dir = resolve_model_dir(model_uri_or_path, store)
+    if cached and _read_cached(store, *_cache_entry(model_uri_or_path, model_dir, plan)):
+        return None
+    generator = _load_generator(cfg, model_dir, threads)
+    return generate_shard(plan, generator, shard, cfg.eval.shards, progress)
+
+
+def write_run_report(store: Store, run_id: str, report: EvalReport) -> str:
+    """Store a run's EvalReport beside its table (`runs/{run_id}/eval/{split}.json`); its URI."""
+    return store.write_text(report.model_dump_json(indent=1), eval_table(run_id, report.split).removesuffix(".parquet")
+                            + ".json")
 
 
 def score_problems(
@@ -177,12 +241,78 @@ def run_eval(
     scorer: Scorer | None = None,
 ) -> EvalReport:
     """Generate the plan's responses with `generator`, score them, write the table to `out_rel`; the report."""
+    return finish_eval(plan, model_uri, [generate_shard(plan, generator, progress=progress)], store, out_rel,
+                       scorer=scorer)
+
+
+def generate_shard(
+    plan: EvalPlan, generator: Generator, shard: int = 0, shards: int = 1, progress: Progress | None = None,
+) -> EvalShard:
+    """The responses of shard `shard` of `shards` of the plan (all of it when shards is 1)."""
+    if shards > 1 and plan.sampled is not None:
+        raise ConfigError(f"eval.shards={shards} with eval.samples={plan.sampled.samples}: sampled responses depend "
+                          "on the random draws of every earlier batch, so shards would change them; set "
+                          "eval.shards=1 or eval.samples=0")
     prompts = generator.render_prompts([p.messages for p in plan.problems])
-    greedy, sampled = generate(generator, prompts, plan, progress)
+    positions = list(range(len(prompts)))
+    if shards > 1:
+        positions = shard_positions(_prompt_lengths(generator, prompts), plan.greedy.batch_size, shard, shards)
+    mine = [prompts[i] for i in positions]
+    greedy, sampled = generate(generator, mine, plan, progress)
+    return EvalShard(positions, mine, greedy, sampled)
+
+
+def shard_positions(prompt_lengths: Sequence[int], batch_size: int, shard: int, shards: int) -> list[int]:
+    """Plan positions of shard `shard` of `shards`: whole generation batches, dealt out round-robin.
+
+    The generator batches prompts longest first (generation.generate sorts them the same stable way); giving
+    each shard whole batches of that order, in that order, makes every padded batch exactly the batch one
+    unsharded pass builds, so greedy responses are identical, not merely equal up to float rounding.
+    """
+    if shards < 1 or not 0 <= shard < shards:
+        raise ConfigError(f"eval shard {shard} of {shards}: the shard index must be in 0..shards-1 (eval.shards >= 1)")
+    order = sorted(range(len(prompt_lengths)), key=lambda i: prompt_lengths[i], reverse=True)
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    return [position for batch in batches[shard::shards] for position in batch]
+
+
+def finish_eval(
+    plan: EvalPlan,
+    model_uri: str,
+    shards: Sequence[EvalShard],
+    store: Store,
+    out_rel: str,
+    *,
+    scorer: Scorer | None = None,
+) -> EvalReport:
+    """Merge the shards' responses back into plan order, score, aggregate and write the table to `out_rel`."""
+    prompts, greedy, sampled = merge_shards(shards, len(plan.problems))
     table, metrics = score_problems(plan.problems, prompts, greedy, sampled, scorer or _default_scorer())
     table_uri = _write_table(table, store, out_rel)
     return EvalReport(model_uri=model_uri, split=plan.split, n=len(prompts), metrics=metrics, table_uri=table_uri,
                       settings_key=plan.settings_key)
+
+
+def merge_shards(
+    shards: Sequence[EvalShard], n: int,
+) -> tuple[list[str], list[Generation], list[list[Generation]] | None]:
+    """(prompts, greedy, sampled) in plan order; every position 0..n-1 must come from exactly one shard."""
+    slots: dict[int, tuple[str, Generation, list[Generation] | None]] = {}
+    for shard in shards:
+        sampled = shard.sampled or [None] * len(shard.positions)
+        for position, prompt, gen, samples in zip(shard.positions, shard.prompts, shard.greedy, sampled, strict=True):
+            if position in slots or not 0 <= position < n:
+                raise ConfigError(f"eval shards overlap or exceed the plan's {n} problems (position {position}); "
+                                  "pass the results of shards 0..eval.shards-1 of the same plan, each once")
+            slots[position] = (prompt, gen, samples)
+    if len(slots) != n:
+        missing = sorted(set(range(n)) - set(slots))
+        raise ConfigError(f"eval shards cover {len(slots)} of {n} problems (missing positions {missing[:5]}...); "
+                          "pass the results of every shard 0..eval.shards-1")
+    ordered = [slots[i] for i in range(n)]
+    has_samples = any(shard.sampled is not None for shard in shards)
+    return ([p for p, _, _ in ordered], [g for _, g, _ in ordered],
+            [list(s or []) for _, _, s in ordered] if has_samples else None)
 
 
 def generate(
@@ -209,6 +339,32 @@ def _progress_reporter(progress: Progress | None, total: int) -> tuple[Callable[
 
     bar = tqdm(total=total, desc="eval", unit="gen")
     return (lambda done: bar.update(done - bar.n)), bar.close
+
+
+def _load_generator(cfg: RunConfig, model_dir: Path, threads: int | None) -> HFGenerator:
+    with _MODEL_LOAD:
+        return HFGenerator(model_dir, cfg.model.dtype, threads or cfg.trainer.threads)
+
+
+def _prompt_lengths(generator: Generator, prompts: Sequence[str]) -> list[int]:
+    """Token count of each prompt, encoded as the generator encodes it (the order it batches in)."""
+    tokenizer = getattr(generator, "tokenizer", None)
+    if tokenizer is None:
+        raise ConfigError(f"{type(generator).__name__} has no tokenizer, so its batches cannot be sharded; "
+                          "set eval.shards=1")
+    return [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+
+
+def _cache_entry(model_uri_or_path: str, model_dir: Path, plan: EvalPlan) -> tuple[str, str]:
+    """(table, report) paths of a model's cached eval under the plan's settings."""
+    table_rel = eval_cache_table(model_key(model_uri_or_path, model_dir), plan.split, plan.settings_key)
+    return table_rel, table_rel.removesuffix(".parquet") + ".json"
+
+
+def _read_cached(store: Store, table_rel: str, report_rel: str) -> EvalReport | None:
+    if store.exists(report_rel) and store.exists(table_rel):
+        return EvalReport.model_validate_json(store.read_text(report_rel))
+    return None
 
 
 def _write_table(table: pd.DataFrame, store: Store, out_rel: str) -> str:
