@@ -397,8 +397,11 @@ class RunConfig(_Section):
         return self.tracking.registered_model or f"verl-grpo-{self.dataset.name}"
 
     def digest(self) -> str:
-        """Stable short hash of the resolved config (identifies 'the same run settings')."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """Stable short hash of the resolved config (identifies 'the same run settings').
+
+        How the work is spread (task runner, eval shards) does not change results, so it does not change the run.
+        """
+        blob = json.dumps(self.model_dump(mode="json", exclude=_NOT_RUN_IDENTITY), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def to_yaml(self) -> str:
@@ -408,6 +411,8 @@ class RunConfig(_Section):
         """Dotted-key view (`algorithm.rollouts` → 4), e.g. for MLflow params."""
         return _flatten(self.model_dump(mode="json"))
 
+
+_NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"}}
 
 # The env-var knobs of the public examples this pipeline grew out of.
 ENV_KNOBS: dict[str, str] = {

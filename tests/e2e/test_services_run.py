@@ -10,6 +10,7 @@ import pytest
 
 from verl_grpo import pipeline
 from verl_grpo.paths import data_mirror_dir, state_dir
+from verl_grpo.procs import pid_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -44,12 +45,5 @@ def test_reward_server_scores_training_and_services_stop(tiny_overrides, tmp_pat
         text = (services / log).read_text()
         pids = [int(p) for p in re.findall(r"Started server process \[(\d+)\]", text)]
         assert pids, f"{log} does not show a server start"
-        assert all(not _alive(pid) for pid in pids)
+        assert not any(pid_alive(pid) for pid in pids)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"

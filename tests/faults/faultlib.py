@@ -18,14 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+
+from tiny_data import write_gsm8k_split
 
 from verl_grpo.config import load_config
-from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
-from verl_grpo.data import gsm8k
-from verl_grpo.data.schema import Problem, row_schema, verl_row
-from verl_grpo.formats import default_system_prompt
+from verl_grpo.contracts import Cluster, TrainSpec
 from verl_grpo.store import Store
 from verl_grpo.trainers import get_trainer
 
@@ -44,32 +41,12 @@ TINY_TRAIN = [
 WORKER_TIMEOUT_S = 240
 
 
-def write_gsm8k_split(store: Store, mirror: Path, n: int = N_PROMPTS) -> DatasetVersion:
-    """A prepared-format (verl) gsm8k train split of the first n mirror rows."""
-    rows = []
-    with open(mirror / "gsm8k" / "train.jsonl") as f:
-        for index, line in zip(range(n), f):
-            raw = json.loads(line)
-            problem = Problem(uid=f"train/{index}", split="train", question=raw["question"],
-                              ground_truth=gsm8k.extract_final_answer(raw["answer"]), extra=raw, position=index)
-            messages = [{"role": "system", "content": default_system_prompt("gsm8k")},
-                        {"role": "user", "content": raw["question"]}]
-            rows.append(verl_row("gsm8k", "math", messages, problem, "train", index))
-    table = pa.Table.from_pylist(rows, schema=row_schema(gsm8k.BUILDER.extra_fields))
-    rel = "datasets/gsm8k/faults"
-    store.fs.makedirs(store.path(rel), exist_ok=True)
-    with store.fs.open(store.path(rel, "train.parquet"), "wb") as f:
-        pq.write_table(table, f)
-    return DatasetVersion(name="gsm8k", hash="faults", uri=store.url(rel),
-                          splits={"train": store.url(rel, "train.parquet")}, counts={"train": n})
-
-
 def plan_run(workdir: Path, model_dir: Path, mirror: Path, store: Store, *overrides: str) -> TrainSpec:
     """Write the train split to `store` and the worker's train_spec.json into `workdir`."""
     endpoint = [f"storage.endpoint_url={store.endpoint_url}"] if store.endpoint_url else []
     cfg = load_config(overrides=[f"model.name={model_dir}", f"storage.uri={store.uri}", *endpoint, *TINY_TRAIN,
                                  *overrides], env={})
-    dataset = write_gsm8k_split(store, mirror)
+    dataset = write_gsm8k_split(store, mirror, N_PROMPTS, "faults")
     cluster = Cluster(provider="local", name="faults", workdir=str(workdir))
     return get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster)
 

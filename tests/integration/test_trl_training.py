@@ -12,17 +12,14 @@ import signal
 import subprocess
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from verl_grpo.checkpoints import CheckpointStore
+from tiny_data import write_gsm8k_split
+
 from verl_grpo.config import load_config
-from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult, TrainSpec
-from verl_grpo.data import gsm8k
-from verl_grpo.data.schema import Problem, row_schema, verl_row
+from verl_grpo.contracts import Cluster, TrainResult, TrainSpec
 from verl_grpo.errors import ConfigError
-from verl_grpo.formats import default_system_prompt
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers import get_trainer
 
@@ -41,31 +38,11 @@ TRAIN_OVERRIDES = [
 WORKER_TIMEOUT_S = 300
 
 
-def write_gsm8k_split(store: Store, mirror: Path, n: int) -> DatasetVersion:
-    """A prepared-format (verl) gsm8k train split of the first n mirror rows."""
-    rows = []
-    with open(mirror / "gsm8k" / "train.jsonl") as f:
-        for index, line in zip(range(n), f):
-            raw = json.loads(line)
-            problem = Problem(uid=f"train/{index}", split="train", question=raw["question"],
-                              ground_truth=gsm8k.extract_final_answer(raw["answer"]), extra=raw, position=index)
-            messages = [{"role": "system", "content": default_system_prompt("gsm8k")},
-                        {"role": "user", "content": raw["question"]}]
-            rows.append(verl_row("gsm8k", "math", messages, problem, "train", index))
-    table = pa.Table.from_pylist(rows, schema=row_schema(gsm8k.BUILDER.extra_fields))
-    rel = "datasets/gsm8k/it"
-    store.fs.makedirs(store.path(rel), exist_ok=True)
-    with store.fs.open(store.path(rel, "train.parquet"), "wb") as f:
-        pq.write_table(table, f)
-    return DatasetVersion(name="gsm8k", hash="it", uri=store.url(rel),
-                          splits={"train": store.url(rel, "train.parquet")}, counts={"train": n})
-
-
 def plan_run(root: Path, model_dir: Path, mirror: Path, *overrides: str) -> tuple[TrainSpec, Store]:
     store = Store(f"file://{root / 'store'}")
     cfg = load_config(overrides=[f"model.name={model_dir}", f"storage.uri={store.uri}", *TRAIN_OVERRIDES, *overrides],
                       env={})
-    dataset = write_gsm8k_split(store, mirror, N_PROMPTS)
+    dataset = write_gsm8k_split(store, mirror, N_PROMPTS, "it")
     cluster = Cluster(provider="local", name="it", workdir=str(root / "work"))
     return get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster), store
 
@@ -237,7 +214,7 @@ def test_run_against_an_s3_store(s3_bucket, tmp_path, tiny_model_dir, data_mirro
     cfg = load_config(overrides=[f"model.name={tiny_model_dir}", f"storage.uri={uri}", f"storage.endpoint_url={endpoint}",
                                  *TRAIN_OVERRIDES, "algorithm.total_steps=2", "algorithm.save_freq=1",
                                  "storage.keep_last=1"], env={})
-    dataset = write_gsm8k_split(store, data_mirror, N_PROMPTS)
+    dataset = write_gsm8k_split(store, data_mirror, N_PROMPTS, "it")
     cluster = Cluster(provider="local", name="it", workdir=str(tmp_path / "work"))
     spec = get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster)
     proc = run_worker(spec, tmp_path)

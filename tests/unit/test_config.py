@@ -98,3 +98,9 @@ def test_names_derive_from_dataset():
     cfg = load_config(["math"], env={})
     assert cfg.experiment_name == "verl-grpo/math"
     assert cfg.registered_model_name == "verl-grpo-math"
+
+
+def test_how_work_is_spread_does_not_change_the_run():
+    a = load_config(["gsm8k"], env={})
+    b = load_config(["gsm8k"], ["eval.shards=2", "orchestration.task_runner=ray"], env={})
+    assert a.digest() == b.digest()

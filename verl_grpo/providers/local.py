@@ -6,7 +6,6 @@ re-run of the CLI) reattaches to a live job instead of starting a second one.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -18,12 +17,12 @@ from pathlib import Path
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
 from verl_grpo.paths import state_dir
+from verl_grpo.procs import die_with_parent, pid_alive, runs_command, signal_group
 from verl_grpo.services.local_group import services_env, start_local_services, stop_local_services
 
 _JOB_FILE = "job.json"
 _LOG_FILE = "train.log"
 _TAIL_LINES = 30
-_PR_SET_PDEATHSIG = 1
 
 
 class LocalProvider:
@@ -53,7 +52,7 @@ class LocalProvider:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 spec.command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         self._children[proc.pid] = proc
         (workdir / _JOB_FILE).write_text(json.dumps({"pid": proc.pid, "name": name, "command": spec.command}))
@@ -67,7 +66,7 @@ class LocalProvider:
             if code is None:
                 return JobState(phase="RUNNING")
             return self._finished(job, code)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             return JobState(phase="RUNNING")
         # Reattached process that is gone: its exit code is unknowable; the worker's result file tells success.
         result = Path(job.log_path).parent / "result.json"
@@ -92,14 +91,14 @@ class LocalProvider:
 
     def cancel(self, job: Job) -> None:
         pid = int(job.id)
-        if not _pid_alive(pid) and pid not in self._children:
+        if not pid_alive(pid) and pid not in self._children:
             return
-        _signal_group(pid, signal.SIGTERM)
+        signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cancel_grace_s
         while time.monotonic() < deadline and self.status(job).phase == "RUNNING":
             time.sleep(0.2)
         if self.status(job).phase == "RUNNING":
-            _signal_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             self._reap(pid)
 
     def down(self, cluster: Cluster) -> None:
@@ -114,7 +113,7 @@ class LocalProvider:
             return None
         data = json.loads(record.read_text())
         pid = int(data["pid"])
-        if not (_pid_alive(pid) and _cmdline_matches(pid, data["command"])):
+        if not runs_command(pid, data["command"]):
             return None
         return Job(provider=self.name, id=str(pid), name=data["name"], log_path=str(workdir / _LOG_FILE))
 
@@ -137,43 +136,6 @@ class LocalProvider:
         child = self._children.get(pid)
         if child is not None:
             child.wait(timeout=10)
-
-
-def _die_with_parent() -> None:
-    """Local jobs live only as long as the process that orchestrates them: killing `verl-grpo run`
-    must not leave an orphan trainer writing checkpoints that a re-run then races with."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _cmdline_matches(pid: int, command: list[str]) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")[: len(command)] == [c.encode() for c in command]
-    except OSError:
-        return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _reported_error(workdir: Path) -> dict | None:

@@ -26,6 +26,7 @@ import httpx
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.procs import pid_alive, runs_command, signal_group
 from verl_grpo.services import SERVICES, token_file_env
 from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
 
@@ -183,15 +184,15 @@ def _wait_ready(group: ServiceGroup, timeout_s: float) -> None:
 
 
 def _terminate(group: ServiceGroup) -> None:
-    live = {task: pid for task, pid in group.pids.items() if _owned_alive(pid, group.commands.get(task))}
+    live = {task: pid for task, pid in group.pids.items() if runs_command(pid, group.commands.get(task))}
     for pid in live.values():
-        _signal_group(pid, signal.SIGTERM)
+        signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     while time.monotonic() < deadline and any(_exit_code(pid) is None for pid in live.values()):
         time.sleep(0.1)
     for pid in live.values():
         if _exit_code(pid) is None:
-            _signal_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             _exit_code(pid)
 
 
@@ -200,39 +201,14 @@ def _exit_code(pid: int) -> int | None:
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return None if _pid_alive(pid) else -1
+        return None if pid_alive(pid) else -1
     if done == 0:
         return None
     return os.waitstatus_to_exitcode(status)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _owned_alive(pid: int, command: list[str] | None) -> bool:
-    """Alive and still running our command (a recycled pid belongs to someone else)."""
-    if not _pid_alive(pid) or not command:
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")[: len(command)] == [c.encode() for c in command]
-    except OSError:
-        return False
-
-
 def _all_alive(group: ServiceGroup) -> bool:
-    return all(_owned_alive(pid, group.commands.get(task)) for task, pid in group.pids.items())
+    return all(runs_command(pid, group.commands.get(task)) for task, pid in group.pids.items())
 
 
 def _all_healthy(group: ServiceGroup) -> bool:
@@ -241,13 +217,6 @@ def _all_healthy(group: ServiceGroup) -> bool:
             return all(http.get(f"{url}/health").status_code == 200 for url in group.endpoints.values())
     except httpx.TransportError:
         return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _free_port() -> int:
