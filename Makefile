@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute smoke CI runs).
+RUN_ARGS ?=
 
 .PHONY: install run test test-fast bench lock clean serve stop
 
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 run: install
-	$(VENV)/bin/verl-grpo run -c gsm8k -c local
+	$(VENV)/bin/verl-grpo run -c gsm8k -c local $(RUN_ARGS)
 
 test: install
 	$(VENV)/bin/pytest -q --durations=15 $(PYTEST_ARGS)

@@ -44,8 +44,11 @@ def _configs(configs: tuple[str, ...]) -> list[str]:
 
 def _load(configs: tuple[str, ...], overrides: tuple[str, ...]):
     from verl_grpo.config import load_config
+    from verl_grpo.pipeline import prepare_local_state
 
-    return load_config(_configs(configs), list(overrides))
+    cfg = load_config(_configs(configs), list(overrides))
+    prepare_local_state(cfg)
+    return cfg
 
 
 def _echo_json(data: Any) -> None:
@@ -74,7 +77,9 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
         from verl_grpo.store import Store
 
         run_id = runs.new_run_id(cfg, Store.from_config(cfg.storage))
-    os.environ.setdefault("PREFECT_HOME", str(_state_prefect_home()))
+    from flows.local_api import use_local_prefect
+
+    use_local_prefect()  # before Prefect is imported: it reads its settings then
     from flows.verl_grpo import verl_grpo
 
     summary = verl_grpo(config=_configs(configs), overrides=list(overrides), run_id=run_id)
@@ -226,17 +231,27 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
         click.echo(sky_dry_run(cfg).render())
     if dry_run:
         return
-    os.environ.setdefault("PREFECT_HOME", str(_state_prefect_home()))
+    from flows.local_api import use_local_prefect
+
+    use_local_prefect()  # before Prefect is imported: it reads its settings then
     from flows.verl_grpo import verl_grpo
 
     summary = verl_grpo(config=_configs(configs), overrides=list(overrides))
     _print_where_to_look(summary, cfg)
 
 
-def _state_prefect_home() -> Path:
-    from verl_grpo.paths import state_dir
+@main.command()
+@_user_errors
+def home() -> None:
+    """Create the state dir and every directory the libraries expect in it; print where each thing lives."""
+    from verl_grpo.paths import data_mirror_dir, ensure_dir, model_cache_dir, state_dir
 
-    return state_dir() / "prefect"
+    cfg = _load((), ())  # creates the state dir, the store and the MLflow DB's directory
+    prefect_home = ensure_dir(Path(os.environ.get("PREFECT_HOME") or state_dir() / "prefect"), "PREFECT_HOME")
+    for name, where in (("state dir (VERL_GRPO_HOME)", state_dir()), ("store", cfg.storage.uri),
+                        ("MLflow", cfg.tracking.mlflow_uri), ("Prefect home", prefect_home),
+                        ("model cache", model_cache_dir()), ("data mirror", data_mirror_dir())):
+        click.echo(f"{name:27} {where}")
 
 
 @main.group()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+
+from verl_grpo.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -23,6 +27,43 @@ def state_dir() -> Path:
         return Path(env).expanduser().resolve()
     root = repo_root()
     return (root / ".state") if root else Path.home() / ".verl-grpo"
+
+
+# What libraries expect to find under the state dir before they first touch it (Prefect creates only the last
+# level of its home, MLflow's SQLite driver none).
+STATE_SUBDIRS = ("prefect", "store", "models", "work", "logs")
+
+
+def ensure_dir(path: Path, knob: str) -> Path:
+    """Create `path` with its parents and check it is writable; else one ConfigError naming `knob` and the fix."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(f"{knob}: cannot create or write {path} ({reason}); point {knob} at a writable "
+                          "directory (it is created when missing)") from None
+    return path
+
+
+def ensure_state_dir() -> Path:
+    """The state dir and every directory under it that a library expects, created before any library runs."""
+    root = ensure_dir(state_dir(), "VERL_GRPO_HOME")
+    for sub in STATE_SUBDIRS:
+        (root / sub).mkdir(exist_ok=True)
+    ensure_dir(model_cache_dir(), "VERL_GRPO_MODEL_CACHE")
+    return root
+
+
+def ensure_local_dirs(uris: Mapping[str, str]) -> None:
+    """Create the local directories behind `{config key: URI}` (`file://` stores, `sqlite:///` databases);
+    remote URIs are left to their service."""
+    for key, uri in uris.items():
+        if uri.startswith("file://"):
+            ensure_dir(Path(uri.removeprefix("file://")).expanduser(), key)
+        elif uri.startswith("sqlite:///"):
+            ensure_dir(Path(uri.removeprefix("sqlite:///")).expanduser().parent, key)
 
 
 def data_mirror_dir() -> Path:

@@ -18,6 +18,7 @@ from verl_grpo import runs
 from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.errors import InfraError, Preempted, error_class
+from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
 from verl_grpo.store import Store, run_dir
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,17 @@ def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: 
             resume: bool = True) -> ResolvedRun:
     """Load and validate the config, pick the run id, and store the run's resolved config."""
     cfg = load_config(config_files, overrides)
+    prepare_local_state(cfg)
     store = Store.from_config(cfg.storage)
     run_id, resumed = runs.begin_run(store, cfg, run_id, resume=resume)
     return ResolvedRun(cfg=cfg, run_id=run_id, resumed=resumed)
+
+
+def prepare_local_state(cfg: RunConfig) -> None:
+    """The state dir, and the local directories the config names (a `file://` store, a SQLite MLflow DB),
+    created before any library touches them; a path that cannot be made fails here in one line."""
+    ensure_state_dir()
+    ensure_local_dirs({"storage.uri": cfg.storage.uri, "tracking.mlflow_uri": cfg.tracking.mlflow_uri})
 
 
 def prepare(cfg: RunConfig) -> DatasetVersion:
