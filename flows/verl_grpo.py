@@ -18,6 +18,9 @@ from verl_grpo.config import RunConfig, load_config
 from verl_grpo.runs import run_name
 
 
+NIGHTLY_TAG = "nightly"  # only runs the scheduler created; a run started by hand is not a nightly retrain
+
+
 def _flow_run_name() -> str:
     params = flow_run.parameters
     return run_name(load_config(params.get("config") or ["gsm8k"], params.get("overrides") or []))
@@ -50,14 +53,17 @@ def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = Non
 
 
 def label_flow_run(cfg: RunConfig, run_id: str) -> None:
-    """Tag the flow run (dataset, model, provider, backend) and record its run_id among its parameters, so
-    the UI can filter by tag and a re-run of the same parameters (UI, automation) resumes this run."""
+    """Tag the flow run (dataset, model, provider, backend; `nightly` when a schedule created it) and record
+    its run_id among its parameters, so the UI can filter by tag and a re-run of the same parameters (UI,
+    automation) resumes this run."""
     if flow_run.id is None:
         return
     with get_client(sync_client=True) as client:
         current = client.read_flow_run(flow_run.id)
         parameters = {**current.parameters, "run_id": run_id}
-        client.update_flow_run(flow_run.id, tags=sorted({*current.tags, *run_tags(cfg)}), parameters=parameters)
+        nightly = [NIGHTLY_TAG] if current.auto_scheduled else []
+        client.update_flow_run(flow_run.id, tags=sorted({*current.tags, *run_tags(cfg), *nightly}),
+                               parameters=parameters)
 
 
 def tracking_tags(run_id: str) -> dict[str, str]:

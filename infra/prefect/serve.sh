@@ -7,14 +7,16 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
 VENV="${VENV:-$REPO/.venv}"
 PORT="${PREFECT_SERVER_PORT:-4200}"
-STATE="${VERL_GRPO_HOME:-$REPO/.state}"
-export PREFECT_HOME="${PREFECT_HOME:-$STATE/prefect}"
+# The worker's flow runs use this state dir (store, MLflow, model cache) whatever shell later starts a run.
+export VERL_GRPO_HOME="${VERL_GRPO_HOME:-$REPO/.state}"
+export PREFECT_HOME="${PREFECT_HOME:-$VERL_GRPO_HOME/prefect}"
 export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
 export PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:///$PREFECT_HOME/prefect.db"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 # Flow-run processes send heartbeats, so the zombie-run automation can tell a dead run from a long one.
 export PREFECT_FLOWS_HEARTBEAT_FREQUENCY="${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}"
-mkdir -p "$PREFECT_HOME"
+# Every directory a library expects, before any of them starts (one line and exit 2 when one cannot be made).
+"$VENV/bin/verl-grpo" home >/dev/null
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -53,7 +55,12 @@ setsid "$VENV/bin/prefect" worker start --pool verl-grpo-local --type process \
   >"$PREFECT_HOME/worker.log" 2>&1 < /dev/null &
 echo $! >"$PREFECT_HOME/worker.pid"
 
+# The scheduler reports failures only in server.log: make them fail `make serve` instead of every night.
+"$VENV/bin/python" infra/prefect/check_server.py --log "$PREFECT_HOME/server.log" \
+  || { echo "the Prefect server is up but failing (above); inspect it, then: make stop" >&2; exit 1; }
+
 cat >"$PREFECT_HOME/env" <<ENV
+export VERL_GRPO_HOME=$VERL_GRPO_HOME
 export PREFECT_HOME=$PREFECT_HOME
 export PREFECT_API_URL=$PREFECT_API_URL
 ENV

@@ -5,9 +5,6 @@ its trainer process must be gone, and `make stop` leaves no process behind."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,43 +13,20 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
-from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Cancelling
+from prefect_serving import REPO, pid_alive, served_prefect
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
-    """serve.sh (what `make serve` runs) in a temp VERL_GRPO_HOME/PREFECT_HOME; stop.sh afterwards."""
+    """`make serve` in a temp state dir, schedules deployed paused (the scheduler test runs them)."""
     home = tmp_path_factory.mktemp("served")
-    port = _free_port()
-    env = {**os.environ, "VERL_GRPO_HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
-           "PREFECT_SERVER_PORT": str(port), "VERL_GRPO_NIGHTLY_ACTIVE": "false",
-           "VERL_GRPO_MODEL_CACHE": str(tiny_model_dir.parent), "PREFECT_STOP_GRACE": "10"}
-    env.pop("PREFECT_API_URL", None)
-    started = subprocess.run([str(REPO / "infra/prefect/serve.sh")], env=env, cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
-        with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
-            yield home
-    finally:
-        stopped = subprocess.run([str(REPO / "infra/prefect/stop.sh")], env=env, cwd=REPO, capture_output=True,
-                                 text=True, timeout=120)
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert not list((home / "prefect").glob("*.pid"))
-        leftovers = _processes_with_env(f"PREFECT_HOME={home / 'prefect'}")
-        assert not leftovers, f"processes left behind by make stop: {leftovers}"
+    with served_prefect(home, tiny_model_dir.parent, VERL_GRPO_NIGHTLY_ACTIVE="false"):
+        yield home
 
 
 def _steps(overrides: list[str], total_steps: int) -> list[str]:
@@ -84,6 +58,7 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     run_id = flow_run.parameters["run_id"]
     assert flow_run.name.startswith("gsm8k-tiny-") and run_id.startswith("gsm8k-tiny-")
     assert {"verl-grpo", "gsm8k", "tiny", "local", "trl"} <= set(flow_run.tags)
+    assert "nightly" not in flow_run.tags  # started by hand, not by the schedule
     assert any("step 4/4" in log.message for log in logs)  # trainer output streamed into the Prefect log
 
     by_key = {}
@@ -110,7 +85,7 @@ def test_cancelling_a_flow_run_stops_the_trainer(served, tiny_overrides):
         client.set_flow_run_state(flow_run.id, Cancelling(message="cancelled by test"))
         state = _wait_for_final_state(client, flow_run.id)
     assert state.type == StateType.CANCELLED, state
-    assert not _pid_alive(trainer_pid), f"trainer {trainer_pid} survived the cancellation"
+    assert not pid_alive(trainer_pid), f"trainer {trainer_pid} survived the cancellation"
 
 
 def _wait_for_trainer(home: Path, flow_run_id, timeout_s: float = RUN_TIMEOUT_S) -> int:
@@ -123,7 +98,7 @@ def _wait_for_trainer(home: Path, flow_run_id, timeout_s: float = RUN_TIMEOUT_S)
             log = workdir / "train.log"
             if run_id and log.is_file() and "step 1/500" in log.read_text(errors="replace"):
                 pid = json.loads((workdir / "job.json").read_text())["pid"]
-                assert _pid_alive(pid)
+                assert pid_alive(pid)
                 return pid
             state = client.read_flow_run(flow_run_id).state
             assert not state.is_final(), f"flow run ended before training started: {state}"
@@ -139,27 +114,3 @@ def _wait_for_final_state(client, flow_run_id, timeout_s: float = 120):
             return state
         time.sleep(0.5)
     raise AssertionError(f"flow run {flow_run_id} still {state.type} {timeout_s} s after cancelling")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _processes_with_env(entry: str) -> list[str]:
-    """Live processes (of this user) whose environment contains `entry`, e.g. PREFECT_HOME=<the test's>."""
-    found = []
-    needle = entry.encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0") and _pid_alive(int(proc.name)):
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                found.append(f"{proc.name}: {cmdline[:200]}")
-        except OSError:
-            continue
-    return found
