@@ -32,11 +32,13 @@ bench: install
 	mkdir -p bench/results
 	set -e; for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b; done
 
-# Local Prefect server (127.0.0.1:$(PREFECT_SERVER_PORT), SQLite in .state/prefect), the verl-grpo deployments
-# and a process worker, in the background; PIDs and logs in .state/prefect. `make stop` stops them by PID.
+# Local Prefect server (127.0.0.1:$(PREFECT_SERVER_PORT), SQLite in .state/prefect), the MLflow UI of the local
+# tracking store (127.0.0.1:$(MLFLOW_UI_PORT)), the verl-grpo deployments and a process worker, in the
+# background; PIDs and logs in .state/prefect. Fails when a server service logs errors. `make stop` stops them.
 PREFECT_SERVER_PORT ?= 4200
+MLFLOW_UI_PORT ?= 5000
 serve: install
-	PREFECT_SERVER_PORT=$(PREFECT_SERVER_PORT) VENV=$(abspath $(VENV)) infra/prefect/serve.sh
+	PREFECT_SERVER_PORT=$(PREFECT_SERVER_PORT) MLFLOW_UI_PORT=$(MLFLOW_UI_PORT) VENV=$(abspath $(VENV)) infra/prefect/serve.sh
 
 stop:
 	infra/prefect/stop.sh

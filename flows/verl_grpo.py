@@ -28,11 +28,14 @@ def _flow_run_name() -> str:
 
 @flow(name="verl-grpo", flow_run_name=_flow_run_name, log_prints=True, on_crashed=[record_crash])
 def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = None, run_id: str | None = None) -> dict:
-    """GRPO post-training of one model on one dataset.
+    """GRPO post-training of one model on one dataset: prepare → provision → train → evaluate → register.
 
-    config: config files or shipped profile names, merged in order (default: gsm8k).
-    overrides: dotted `key=value` settings applied last, e.g. `algorithm.rollouts=8`.
-    run_id: resume this run; without it an unfinished run with the same config resumes, else a new one starts.
+    Args:
+        config: Config files or shipped profiles (gsm8k, math, mbpp, local), merged in order; default gsm8k.
+        overrides: Dotted `key=value` settings applied last, e.g. `algorithm.total_steps=20` or
+            `model.name=tiny` (a one-minute run).
+        run_id: Resume this run from its last checkpoint. Empty: an unfinished run with the same config
+            resumes, else a new run starts.
     """
     run = resolve_config(config or ["gsm8k"], overrides or [], run_id)
     cfg = run.cfg

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
+import os
 
+from prefect import get_run_logger
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from verl_grpo.comparison import compare_to_base
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.models import model_short_name
-from verl_grpo.summary import summary_dict, summary_markdown
+from verl_grpo.store import Store
+from verl_grpo.summary import mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
+
+MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"
+"""URL of an MLflow UI and the local tracking store it serves (`make serve` sets both), for links from Prefect."""
 
 
 def run_tags(cfg: RunConfig) -> list[str]:
@@ -18,17 +24,22 @@ def run_tags(cfg: RunConfig) -> list[str]:
 
 
 def mlflow_run_url(tracking_uri: str, experiment_id: str, mlflow_run_id: str) -> str | None:
-    """The MLflow UI page of a run when tracking is an MLflow server; None for a local store (no URL)."""
-    if not tracking_uri.startswith(("http://", "https://")):
+    """The MLflow UI page of a run: on the tracking server itself, or on the UI that serves this local store
+    (VERL_GRPO_MLFLOW_UI over VERL_GRPO_MLFLOW_UI_STORE); None when no UI serves it."""
+    if tracking_uri.startswith(("http://", "https://")):
+        ui = tracking_uri
+    elif os.environ.get(MLFLOW_UI_STORE_ENV) == tracking_uri and os.environ.get(MLFLOW_UI_ENV):
+        ui = os.environ[MLFLOW_UI_ENV]
+    else:
         return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run_id}"
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run_id}"
 
 
 def mlflow_local_note(tracking_uri: str, mlflow_run_id: str) -> str:
     """Markdown telling how to open a run of a local (sqlite/file) MLflow store."""
-    return (f"# MLflow run `{mlflow_run_id}`\n\nThe tracking store is local (`{tracking_uri}`); open it with\n\n"
-            f"```bash\nmlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000\n```\n\n"
-            f"then the run `{mlflow_run_id}` (or search `tags.verl_grpo.run_id`).\n")
+    return (f"# MLflow run `{mlflow_run_id}`\n\nThe tracking store is local (`{tracking_uri}`); open it with "
+            f"`make serve` (MLflow UI at http://127.0.0.1:5000) or\n\n```bash\n{mlflow_ui_command(tracking_uri)}\n```"
+            f"\n\nthen the run `{mlflow_run_id}` (or search `tags.verl_grpo.run_id`).\n")
 
 
 def eval_table(report: EvalReport, base: EvalReport) -> list[dict]:
@@ -41,15 +52,24 @@ def eval_table(report: EvalReport, base: EvalReport) -> list[dict]:
     return rows
 
 
-@task(name="publish-summary", cache_policy=NO_CACHE)
 def publish_summary(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
                     base: EvalReport, version: ModelVersion) -> dict:
-    """Run summary (markdown), eval table, and links to the MLflow run, checkpoint and model; returns the summary."""
-    summary = summary_dict(cfg, run_id, dataset, result, report, base, version)
-    create_markdown_artifact(summary_markdown(summary), key="run-summary", description=f"verl-grpo run {run_id}")
+    """The run's outcome where a user looks first: artifacts on the flow run itself (called from the flow's
+    body, not as a task, so they show under the flow run) and the same lines in the flow run's log."""
+    changes = compare_to_base(report, base, Store.from_config(cfg.storage))
+    summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes)
+    url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
+    link = f"[{version.mlflow_run_id}]({url})" if url else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)"
+    logger = get_run_logger()
+    for line in [*outcome_lines(summary), f"MLflow run: {url or mlflow_ui_command(cfg.tracking.mlflow_uri)}"]:
+        logger.info(line)
+    create_markdown_artifact(summary_markdown(summary, link), key="run-summary", description=f"verl-grpo run {run_id}")
     create_table_artifact(eval_table(report, base), key="eval-results",
                           description=f"{run_id}: {report.split} n={report.n}, base vs trained")
-    _publish_mlflow_link(cfg.tracking.mlflow_uri, version.mlflow_run_id)
+    if url:
+        create_link_artifact(url, link_text=f"MLflow run {version.mlflow_run_id}", key="mlflow-run")
+    else:
+        create_markdown_artifact(mlflow_local_note(cfg.tracking.mlflow_uri, version.mlflow_run_id), key="mlflow-run")
     if result.checkpoint:
         create_link_artifact(result.checkpoint.uri, link_text=f"checkpoint step {result.checkpoint.step}",
                              key="checkpoint", description=f"{run_id}: last committed checkpoint")
@@ -58,12 +78,8 @@ def publish_summary(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result
     return summary
 
 
-def _publish_mlflow_link(tracking_uri: str, mlflow_run_id: str) -> None:
+def _mlflow_url(tracking_uri: str, mlflow_run_id: str) -> str | None:
     from mlflow import MlflowClient
 
     experiment_id = MlflowClient(tracking_uri=tracking_uri).get_run(mlflow_run_id).info.experiment_id
-    url = mlflow_run_url(tracking_uri, experiment_id, mlflow_run_id)
-    if url:
-        create_link_artifact(url, link_text=f"MLflow run {mlflow_run_id}", key="mlflow-run")
-    else:
-        create_markdown_artifact(mlflow_local_note(tracking_uri, mlflow_run_id), key="mlflow-run")
+    return mlflow_run_url(tracking_uri, experiment_id, mlflow_run_id)

@@ -27,7 +27,7 @@ def served_prefect(home: Path, model_cache: Path, **env_overrides: str) -> Itera
     the server, then stop.sh and check nothing of it is left running."""
     port = free_port()
     env = {**os.environ, "VERL_GRPO_HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
-           "PREFECT_SERVER_PORT": str(port), "VERL_GRPO_MODEL_CACHE": str(model_cache), "PREFECT_STOP_GRACE": "10",
+           "PREFECT_SERVER_PORT": str(port), "MLFLOW_UI_PORT": str(free_port()), "VERL_GRPO_MODEL_CACHE": str(model_cache), "PREFECT_STOP_GRACE": "10",
            **env_overrides}
     env.pop("PREFECT_API_URL", None)
     started = subprocess.run([str(REPO / "infra/prefect/serve.sh")], env=env, cwd=REPO, capture_output=True,

@@ -87,6 +87,8 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
+    from verl_grpo.summary import mlflow_ui_command, outcome_lines
+
     click.echo("")
     click.secho("verl-grpo run finished", fg="green", bold=True)
     delta = summary.get("delta")
@@ -96,7 +98,10 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  checkpoint        {summary['checkpoint']}")
     click.echo(f"  final model       {summary['model_uri']}")
     click.echo(f"  run id            {summary['run_id']}  (config digest {summary['config_digest']})")
-    click.echo(f"  MLflow UI         mlflow ui --backend-store-uri {cfg.tracking.mlflow_uri} --host 127.0.0.1 --port 5000")
+    click.echo(f"  MLflow UI         {mlflow_ui_command(cfg.tracking.mlflow_uri)}")
+    click.echo("  base -> trained, per eval metric (paired test on the same problems):")
+    for line in outcome_lines(summary)[2:]:
+        click.echo(f"    {line}")
 
 
 @main.command()

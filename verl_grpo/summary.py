@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from verl_grpo.comparison import MetricChange
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 
 
 def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                 base: EvalReport, version: ModelVersion) -> dict:
+                 base: EvalReport, version: ModelVersion, changes: Sequence[MetricChange] = ()) -> dict:
+    """The run's outcome as flat facts, plus `metrics`: base → trained per eval metric with its p-value."""
     acc, base_acc = report.metrics.get("accuracy"), base.metrics.get("accuracy")
     return {
         "run_id": run_id,
@@ -25,12 +31,41 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "checkpoint": result.checkpoint.uri if result.checkpoint else "",
         "model_uri": result.model_uri,
         "mlflow_run_id": version.mlflow_run_id,
+        "metrics": [{"metric": c.metric, "base": c.base, "trained": c.trained, "delta": c.delta,
+                     "p_value": c.p_value, "test": c.test} for c in changes],
     }
 
 
-def summary_markdown(summary: dict) -> str:
-    rows = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items())
-    return f"# verl-grpo run `{summary['run_id']}`\n\n| | |\n|---|---|\n{rows}\n"
+def outcome_lines(summary: dict) -> list[str]:
+    """What a user reads first, one line each: the decision, the registered version, each metric's change."""
+    lines = [f"decision: {summary['decision']}",
+             f"registered: {summary['registered']} (aliases: {summary['aliases'] or '-'})"]
+    for m in summary.get("metrics", []):
+        delta = f" ({_fmt(m['delta'])}, {_p(m)})" if m["delta"] is not None else ""
+        lines.append(f"{m['metric']}: {_fmt(m['base']) or '-'} -> {_fmt(m['trained']) or '-'}{delta}")
+    return lines
+
+
+def summary_markdown(summary: dict, mlflow_link: str) -> str:
+    """The flow run's summary artifact: outcome, base → trained per metric, then the run's facts."""
+    metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
+                        for m in summary.get("metrics", []))
+    facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items() if k != "metrics")
+    return (f"# verl-grpo run `{summary['run_id']}`\n\n"
+            f"**Decision:** {summary['decision']}\n\n"
+            f"**Registered:** {summary['registered']} (aliases: {summary['aliases'] or '-'})\n\n"
+            f"**MLflow run:** {mlflow_link}\n\n"
+            f"| metric | base | trained | delta | p-value |\n|---|---|---|---|---|\n{metrics}\n\n"
+            f"| | |\n|---|---|\n{facts}\n")
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    """The command that serves a local tracking store (this environment's mlflow, which may not be on PATH)."""
+    return f"{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def _p(metric: dict) -> str:
+    return "no paired test" if metric["p_value"] is None else f"{metric['test']} p={metric['p_value']:.3g}"
 
 
 def _fmt(v: object) -> str:

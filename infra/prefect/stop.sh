@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop what serve.sh started, by the PIDs it recorded: the worker first, then the server. Each was started
+# Stop what serve.sh started, by the PIDs it recorded: the worker first, then the server, then the MLflow UI. Each was started
 # in its own session, so SIGTERM goes to its whole process group: flow runs the worker started get it too,
 # cancel their training job, run their on_crashed hook and end Crashed (re-running resumes them from the
 # last checkpoint). A Prefect worker waits for its flow runs on SIGTERM and an idle one may not exit at
@@ -29,3 +29,4 @@ stop_group() {
 
 stop_group worker
 stop_group server
+stop_group mlflow

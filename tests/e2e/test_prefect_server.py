@@ -5,9 +5,11 @@ its trainer process must be gone, and `make stop` leaves no process behind."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
@@ -46,7 +48,9 @@ def test_deployments_have_nightly_schedule_and_pull_from_this_clone(served):
 
 
 def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
-    flow_run = run_deployment("verl-grpo/gsm8k", parameters={"overrides": _steps(tiny_overrides, 4)},
+    """Tracking in the state dir's default store, which the MLflow UI of `make serve` serves."""
+    overrides = [o for o in _steps(tiny_overrides, 4) if not o.startswith("tracking.")]
+    flow_run = run_deployment("verl-grpo/gsm8k", parameters={"overrides": overrides},
                               timeout=RUN_TIMEOUT_S)
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run.id)
@@ -74,7 +78,20 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     table = json.loads(by_key["eval-results"].data)
     assert "accuracy" in {row["metric"] for row in table}
     assert by_key["checkpoint"].type == "markdown" and "global_step_4" in by_key["checkpoint"].data
-    assert "mlflow ui --backend-store-uri sqlite:///" in by_key["mlflow-run"].data  # local store: a command
+    # The outcome sits on the flow run itself, and in its log.
+    assert by_key["run-summary"].task_run_id is None and by_key["eval-results"].task_run_id is None
+    assert "**Decision:**" in summary and "| accuracy |" in summary and "McNemar p=" in summary
+    assert any(log.message.startswith("decision: ") for log in logs)
+    assert any(log.message.startswith("accuracy: ") and "McNemar p=" in log.message for log in logs)
+    # Its MLflow link opens the run on the MLflow UI that `make serve` started over the local store.
+    mlflow_url = re.search(r"\((http://[^)]+)\)", by_key["mlflow-run"].data)[1]  # a link artifact: [text](url)
+    assert f"]({mlflow_url})" in summary
+    ui, route = mlflow_url.split("/#/", 1)
+    mlflow_run_id = route.rsplit("/", 1)[1]
+    assert httpx.get(ui, timeout=30).status_code == 200
+    got = httpx.get(f"{ui}/api/2.0/mlflow/runs/get", params={"run_id": mlflow_run_id}, timeout=30)
+    assert got.status_code == 200 and got.json()["run"]["info"]["run_id"] == mlflow_run_id
+    assert f"/experiments/{got.json()['run']['info']['experiment_id']}/runs/" in mlflow_url
 
 
 def test_cancelling_a_flow_run_stops_the_trainer(served, tiny_overrides):
