@@ -12,6 +12,7 @@ import pandas as pd
 from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
+from verl_grpo import runs
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -69,9 +70,12 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     exp_id = tracking.experiment_id(client, cfg.experiment_name,
                                     tracking.artifact_location(cfg.tracking.mlflow_uri, cfg.experiment_name))
     run_tags = _run_tags(cfg, run_id, dataset, train, report, tags)
-    mlflow_run_id = tracking.find_or_create_run(client, exp_id, run_id, run_tags)
+    # The MLflow run spans the training: it starts when training did and ends with this registration.
+    mlflow_run_id = tracking.find_or_create_run(client, exp_id, run_id, run_tags,
+                                                started_at=runs.training_started_at(store, run_id))
     tracking.set_tags(client, mlflow_run_id, run_tags)
-    tracking.log_params(client, mlflow_run_id, cfg.flat())
+    tracking.log_params(client, mlflow_run_id, cfg.params())
+    tracking.log_dataset_input(client, mlflow_run_id, dataset)
     tracking.log_training_metrics(client, mlflow_run_id, store, train.metrics_uri)
     summary = eval_summary(report, base_report)
     tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step)
@@ -128,6 +132,8 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
         MODEL_URI_TAG: train.model_uri,
         "config.digest": cfg.digest(),
         SETTINGS_TAG: report.settings_key,
+        SPLIT_TAG: report.split,
+        **tracking.source_tags(),
     }
     return {**{str(k): str(v) for k, v in extra.items()}, **tags}
 
