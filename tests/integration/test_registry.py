@@ -92,7 +92,9 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
     assert run.data.metrics["eval/pass_at_4"] == 0.25 and "delta/n" not in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
         a.path for d in ("eval", "data") for a in client.list_artifacts(run.info.run_id, d)}
-    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet", "model"} <= artifacts
+    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet"} <= artifacts
+    [output] = run.outputs.model_outputs  # the model is the run's logged model (the runs table's Models column)
+    assert client.get_model_version("verl-grpo-gsm8k", "1").source == client.get_logged_model(output.model_id).artifact_location
     mv = client.get_model_version("verl-grpo-gsm8k", "1")
     assert mv.tags["eval.accuracy"] == "0.25" and mv.tags["promotion.decision"] == "first-model"
 
@@ -120,6 +122,9 @@ def test_retry_reuses_run_and_version(env, tiny_model_dir):
     assert len(client.search_model_versions("name='verl-grpo-gsm8k'")) == 1
     assert len(client.search_runs([client.get_experiment_by_name("verl-grpo/gsm8k").experiment_id])) == 1
     assert len(client.get_metric_history(first.mlflow_run_id, "train/loss")) == 3
+    run = client.get_run(first.mlflow_run_id)
+    assert len(run.inputs.dataset_inputs) == 1 and len(run.outputs.model_outputs) == 1
+    assert len(client.search_logged_models([run.info.experiment_id])) == 1
 
 
 def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_model_dir):

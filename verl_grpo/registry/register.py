@@ -77,20 +77,21 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     tracking.log_params(client, mlflow_run_id, cfg.params())
     tracking.log_dataset_input(client, mlflow_run_id, dataset)
     tracking.log_training_metrics(client, mlflow_run_id, store, train.metrics_uri)
+    name = cfg.registered_model_name
+    model = log_hf_model(client, exp_id, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})",
+                         step=train.final_step)
     summary = eval_summary(report, base_report)
-    tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step)
+    tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step, model_id=model.model_id)
     wandb_url = mirror_to_wandb(cfg, run_id, tracking.read_lines(store, train.metrics_uri) or [], summary)
     if wandb_url:
         client.set_tag(mlflow_run_id, "wandb_url", wandb_url)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
 
-    name = cfg.registered_model_name
-    source = log_hf_model(client, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})")
     ensure_registered_model(client, name, f"GRPO post-trained models of verl-grpo on {cfg.dataset.name}")
     metric_tags = {tracking.metric_name(k.replace("/", ".")): f"{v:.6g}" for k, v in summary.items()}
     version_tags = {**run_tags, **metric_tags, SETTINGS_TAG: report.settings_key, SPLIT_TAG: report.split,
                     "train.final_step": str(train.final_step)}
-    version, created = find_or_create_version(client, name, mlflow_run_id, source, train.model_uri, version_tags)
+    version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
     client.set_registered_model_alias(name, CHALLENGER, version.version)
     decision = _promote(client, name, version, report, store, promotion_p_value, champion_report)
     client.set_terminated(mlflow_run_id, "FINISHED")

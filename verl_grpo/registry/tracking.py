@@ -156,10 +156,12 @@ def set_tags(client: MlflowClient, mlflow_run_id: str, tags: Mapping[str, Any]) 
         client.log_batch(mlflow_run_id, tags=chunk)
 
 
-def log_metrics(client: MlflowClient, mlflow_run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
-    """Summary metrics (eval/…, base/…, delta/…) at one step; re-logging the same values is harmless."""
+def log_metrics(client: MlflowClient, mlflow_run_id: str, metrics: Mapping[str, float], step: int = 0,
+                model_id: str | None = None) -> None:
+    """Summary metrics (eval/…, base/…, delta/…) at one step, also of the logged model `model_id` when given (its
+    row in the experiment's Models tab); re-logging the same values is harmless."""
     now = int(time.time() * 1000)
-    items = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
+    items = [Metric(metric_name(k), float(v), now, step, model_id=model_id) for k, v in metrics.items()]
     for chunk in _chunks(items, MAX_METRICS_PER_BATCH):
         client.log_batch(mlflow_run_id, metrics=chunk)
 
