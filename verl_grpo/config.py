@@ -11,9 +11,9 @@ import difflib
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -408,11 +408,26 @@ class RunConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def flat(self) -> dict[str, Any]:
-        """Dotted-key view (`algorithm.rollouts` → 4), e.g. for MLflow params."""
+        """Dotted-key view (`algorithm.rollouts` → 4) of every setting."""
         return _flatten(self.model_dump(mode="json"))
+
+    def params(self) -> dict[str, Any]:
+        """The flat view of the settings this run reads (its MLflow params): sections of another backend or
+        provider, or of services it does not run, are left out (see SECTIONS_APPLY_WHEN)."""
+        unused = tuple(f"{section}." for section, applies in SECTIONS_APPLY_WHEN.items() if not applies(self))
+        return {key: value for key, value in self.flat().items() if not key.startswith(unused)}
 
 
 _NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"}}
+
+SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
+    "verl": lambda cfg: cfg.trainer.backend == "verl",
+    "skypilot": lambda cfg: cfg.infra.provider == "skypilot",
+    "services": lambda cfg: bool(cfg.services.enabled),
+    **{f"services.{name}": (lambda cfg, name=name: name in cfg.services.enabled) for name in get_args(ServiceName)},
+}
+"""The config sections only some runs read (keyed by dotted prefix), and when a run reads them; every other
+section applies to every run."""
 
 # The env-var knobs of the public examples this pipeline grew out of.
 ENV_KNOBS: dict[str, str] = {

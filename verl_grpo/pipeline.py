@@ -125,6 +125,7 @@ def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str
     from verl_grpo.trainers import get_trainer
 
     store = Store.from_config(cfg.storage)
+    runs.mark_training_started(store, run_id)
     spec = get_trainer(cfg.trainer.backend).plan(cfg, dataset, store, run_id, cluster)
     provider = get_provider(cfg.infra.provider)
     job = provider.submit(cluster, spec)

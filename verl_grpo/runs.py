@@ -85,3 +85,17 @@ def mark_run(store: Store, run_id: str, status: RunStatus, record: dict[str, Any
     record = dict(record or read_run(store, run_id) or {"run_id": run_id})
     record.update(extra, status=status, updated_at=time.time())
     store.write_text(json.dumps(record, indent=1), run_dir(run_id), "run.json")
+
+
+def mark_training_started(store: Store, run_id: str) -> None:
+    """Record when training of `run_id` first started; a resumed or retried training keeps the first time."""
+    record = read_run(store, run_id) or {"run_id": run_id}
+    if "training_started_at" not in record:
+        record["training_started_at"] = time.time()
+        store.write_text(json.dumps(record, indent=1), run_dir(run_id), "run.json")
+
+
+def training_started_at(store: Store, run_id: str) -> float | None:
+    """Unix time training of `run_id` first started; runs recorded before that was kept give their creation time."""
+    record = read_run(store, run_id) or {}
+    return record.get("training_started_at", record.get("created_at"))

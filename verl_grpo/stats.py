@@ -38,14 +38,14 @@ class PairedComparison:
     def delta(self) -> float:
         return self.mean_a - self.mean_b
 
-    def as_tags(self, prefix: str = "promotion.") -> dict[str, str]:
-        """Flat string view for MLflow tags."""
+    def as_metrics(self, prefix: str = "promotion/") -> dict[str, float]:
+        """Flat numeric view for MLflow metrics."""
         fields = {
             "n": self.n, "challenger_only": self.a_only, "champion_only": self.b_only, "both": self.both,
-            "neither": self.neither, "delta": f"{self.delta:.6g}", "mcnemar_p": f"{self.mcnemar_p:.6g}",
-            "bootstrap_p": f"{self.bootstrap_p:.6g}", "ci95": f"[{self.ci_low:.4g}, {self.ci_high:.4g}]",
+            "neither": self.neither, "delta": self.delta, "mcnemar_p": self.mcnemar_p,
+            "bootstrap_p": self.bootstrap_p, "ci95_low": self.ci_low, "ci95_high": self.ci_high,
         }
-        return {f"{prefix}{k}": str(v) for k, v in fields.items()}
+        return {f"{prefix}{k}": float(v) for k, v in fields.items()}
 
 
 def mcnemar_exact(a_only: int, b_only: int) -> float:

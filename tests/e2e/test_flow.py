@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 from prefect.testing.utilities import prefect_test_harness
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from verl_grpo import runs
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.store import Store
@@ -50,6 +51,11 @@ def test_flow_end_to_end(prefect_harness, tiny_overrides, tmp_path):
     assert mlflow_run.data.metrics["eval/accuracy"] == pytest.approx(summary["accuracy"])
     assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "train/reward")] == [1, 2, 3, 4]
     assert mlflow_run.data.params["algorithm.rollouts"] == "2"
+    # ... and spans the training: it started when the train step did, after the run was created.
+    record = runs.read_run(store, run_id)
+    assert mlflow_run.info.start_time == int(record["training_started_at"] * 1000)
+    assert record["created_at"] < record["training_started_at"] < mlflow_run.info.end_time / 1000
+    assert [m.model_id for m in mlflow_run.outputs.model_outputs] and mlflow_run.inputs.dataset_inputs
 
     # Registry: one version whose files load back with transformers and generate.
     versions = client.search_model_versions(f"name='{cfg.registered_model_name}'")

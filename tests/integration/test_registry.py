@@ -13,12 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import CheckpointRef, DatasetVersion, EvalReport, TrainResult
 from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.provenance import git_sha
 from verl_grpo.registry import download_version, list_models, register_run
 from verl_grpo.store import Store, eval_table, model_dir
 
@@ -92,9 +94,9 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
     assert run.data.metrics["eval/pass_at_4"] == 0.25 and "delta/n" not in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
         a.path for d in ("eval", "data") for a in client.list_artifacts(run.info.run_id, d)}
-    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet", "model"} <= artifacts
+    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet"} <= artifacts
     mv = client.get_model_version("verl-grpo-gsm8k", "1")
-    assert mv.tags["eval.accuracy"] == "0.25" and mv.tags["promotion.decision"] == "first-model"
+    assert mv.tags["promotion.decision"] == "first-model" and "eval.accuracy" not in mv.tags  # numbers: on the run
 
     hf_dir = download_version(cfg.tracking.mlflow_uri, "verl-grpo-gsm8k", "champion", tmp_path / "dl")
     model = AutoModelForCausalLM.from_pretrained(hf_dir)
@@ -120,6 +122,9 @@ def test_retry_reuses_run_and_version(env, tiny_model_dir):
     assert len(client.search_model_versions("name='verl-grpo-gsm8k'")) == 1
     assert len(client.search_runs([client.get_experiment_by_name("verl-grpo/gsm8k").experiment_id])) == 1
     assert len(client.get_metric_history(first.mlflow_run_id, "train/loss")) == 3
+    run = client.get_run(first.mlflow_run_id)
+    assert len(run.inputs.dataset_inputs) == 1 and len(run.outputs.model_outputs) == 1
+    assert len(client.search_logged_models([run.info.experiment_id])) == 1
 
 
 def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_model_dir):
@@ -138,11 +143,13 @@ def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_mod
     client = MlflowClient(cfg.tracking.mlflow_uri)
     assert str(client.get_model_version_by_alias("verl-grpo-gsm8k", "champion").version) == "2"
     assert str(client.get_model_version_by_alias("verl-grpo-gsm8k", "challenger").version) == "4"
-    v2 = client.get_model_version("verl-grpo-gsm8k", "2").tags
-    assert v2["promotion.decision"] == "promoted" and v2["promotion.challenger_only"] == "20"
-    assert float(v2["promotion.mcnemar_p"]) < 1e-5
-    assert v2["challenged_by.v3.decision"] == "kept-not-significant"
-    assert v2["challenged_by.v4.decision"] == "kept-not-better"
+    versions = {v: client.get_model_version("verl-grpo-gsm8k", v) for v in ("2", "3", "4")}
+    assert [versions[v].tags["promotion.decision"] for v in versions] == ["promoted", "kept-not-significant",
+                                                                          "kept-not-better"]
+    assert [versions[v].description for v in versions] == [decisions[n].decision
+                                                           for n in ("strong", "marginal", "worse")]
+    v2_run = client.get_run(versions["2"].run_id).data.metrics  # the comparison's numbers are on the run
+    assert v2_run["promotion/challenger_only"] == 20 and v2_run["promotion/mcnemar_p"] < 1e-5
     rows = list_models(cfg)
     assert [(r["version"], r["aliases"], r["accuracy"], r["steps"]) for r in rows] == [
         (4, ["challenger"], 0.125, 3), (3, [], 0.8, 3), (2, ["champion"], 0.75, 3), (1, [], 0.25, 3)]
@@ -181,6 +188,78 @@ def test_secret_looking_tags_are_refused(env, tiny_model_dir):
     with pytest.raises(ConfigError, match="hf_token"):
         register_run(cfg, run_id="run-a", dataset=dataset, train=train, report=report, base_report=base,
                      store=store, tags={"hf_token": "abc"})
+
+
+# What the MLflow UI shows, read through the API the UI reads.
+
+def test_experiment_opens_as_model_training_also_when_it_existed(env, tiny_model_dir, tmp_path):
+    cfg, store, dataset = env
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    # Made before experiments were marked: no kind, so the UI guesses (GenAI view).
+    client.create_experiment(cfg.experiment_name, artifact_location=(tmp_path / "artifacts").as_uri())
+
+    register(cfg, store, dataset, *make_run(store, tiny_model_dir, "run-a", correct_first(10)))
+
+    experiment = client.get_experiment_by_name(cfg.experiment_name)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_run_spans_the_training_and_shows_dataset_source_and_model(env, tiny_model_dir):
+    cfg, store, dataset = env
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
+    trained_at = time.time() - 3600  # training began an hour before this registration
+    store.write_text(json.dumps({"run_id": "run-a", "created_at": trained_at - 60, "training_started_at": trained_at}),
+                     "runs/run-a/run.json")
+
+    version = register(cfg, store, dataset, train, report, base)
+
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    run = client.get_run(version.mlflow_run_id)
+    assert run.info.start_time == int(trained_at * 1000) and run.info.status == "FINISHED"
+    assert run.info.end_time - run.info.start_time >= 3600 * 1000  # Duration: the training, not the registration
+    [dataset_input] = run.inputs.dataset_inputs
+    assert (dataset_input.dataset.name, dataset_input.dataset.digest) == ("gsm8k", "h1")
+    assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training"}
+    assert json.loads(dataset_input.dataset.profile)["rows"] == {SPLIT: N}
+    assert run.data.tags["mlflow.source.name"] == "verl-grpo" and run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags.get("mlflow.source.git.commit", "") == git_sha()  # the Version column (absent outside git)
+    [output] = run.outputs.model_outputs
+    model = client.get_logged_model(output.model_id)
+    assert (model.source_run_id, model.status, output.step) == (run.info.run_id, LoggedModelStatus.READY, 3)
+    assert {m.key: m.value for m in model.metrics}["eval/accuracy"] == 0.25  # its row in the Models tab
+    [listed] = json.loads(model.tags["mlflow.modelVersions"])  # the logged model's page lists its registered version
+    assert (listed["name"], str(listed["version"])) == ("verl-grpo-gsm8k", "1")
+    assert client.get_model_version("verl-grpo-gsm8k", "1").source == model.artifact_location
+
+
+def test_params_are_the_sections_the_run_reads(env, tiny_model_dir):
+    cfg, store, dataset = env
+    assert (cfg.trainer.backend, cfg.infra.provider, cfg.services.enabled) == ("trl", "local", [])
+
+    version = register(cfg, store, dataset, *make_run(store, tiny_model_dir, "run-a", correct_first(10)))
+
+    params = MlflowClient(cfg.tracking.mlflow_uri).get_run(version.mlflow_run_id).data.params
+    assert not [k for k in params if k.startswith(("verl.", "skypilot.", "services."))]
+    assert {"algorithm.rollouts", "trainer.backend", "infra.provider", "eval.limit"} <= set(params)
+
+
+def test_versions_show_their_decision_few_tags_and_the_model_names_its_champion(env, tiny_model_dir):
+    cfg, store, dataset = env
+    register(cfg, store, dataset, *make_run(store, tiny_model_dir, "weak", correct_first(10)))
+    register(cfg, store, dataset, *make_run(store, tiny_model_dir, "strong", correct_first(30)))
+    register(cfg, store, dataset, *make_run(store, tiny_model_dir, "worse", correct_first(5)))
+
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    v1, v2, v3 = (client.get_model_version("verl-grpo-gsm8k", v) for v in ("1", "2", "3"))
+    assert v1.description == "v1 is the first model: it becomes the champion (accuracy 0.250 on test, n=40)"
+    assert v2.description.startswith("promoted v2 over v1 (accuracy 0.750 vs 0.250 on 40 problems")
+    assert "McNemar p=" in v2.description and "\n" not in v2.description
+    assert v3.description.startswith("kept champion v2: v3 is not better")
+    for v in (v1, v2, v3):
+        assert set(v.tags) == {"verl_grpo.run_id", "dataset.hash", "config.digest", "model.base",
+                               "verl_grpo.model_uri", "eval.settings_key", "eval.split", "promotion.decision"}
+    description = client.get_registered_model("verl-grpo-gsm8k").description
+    assert description.startswith("Champion: v2 (accuracy 0.750 on test, n=40, run strong).")
 
 
 @pytest.fixture
@@ -227,6 +306,12 @@ def test_register_against_an_mlflow_server(env, tiny_model_dir, mlflow_server, t
     again = register(cfg, store, dataset, train, report, base)
 
     assert again.version == version.version == "1"
-    assert [r["version"] for r in list_models(mlflow_server, "verl-grpo-gsm8k")] == [1]
+    assert [(r["version"], r["accuracy"], r["steps"]) for r in list_models(mlflow_server, "verl-grpo-gsm8k")] == [
+        (1, 0.25, 3)]
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(version.mlflow_run_id)
+    assert len(run.inputs.dataset_inputs) == len(run.outputs.model_outputs) == 1
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_model_version("verl-grpo-gsm8k", "1").description.startswith("v1 is the first model")
     hf_dir = download_version(mlflow_server, "verl-grpo-gsm8k", "1", tmp_path / "dl")
     assert AutoModelForCausalLM.from_pretrained(hf_dir).config.vocab_size > 0

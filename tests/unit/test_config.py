@@ -104,3 +104,19 @@ def test_how_work_is_spread_does_not_change_the_run():
     a = load_config(["gsm8k"], env={})
     b = load_config(["gsm8k"], ["eval.shards=2", "orchestration.task_runner=ray"], env={})
     assert a.digest() == b.digest()
+
+
+def test_params_leave_out_the_sections_another_backend_provider_or_unrun_service_reads():
+    def sections(overrides: list[str]) -> set[str]:
+        return {".".join(k.split(".")[:2]) if k.startswith("services.") else k.split(".")[0]
+                for k in load_config([], overrides, env={}).params()}
+
+    local_trl = sections([])
+    assert {"algorithm", "trainer", "infra", "eval"} <= local_trl
+    assert not local_trl & {"verl", "skypilot"} and not any(s.startswith("services") for s in local_trl)
+    assert {"verl", "skypilot"} <= sections(["trainer.backend=verl", "infra.provider=skypilot",
+                                             "infra.accelerators=H100:8"])
+    with_reward = sections(["services=[reward]"])
+    assert {"services.enabled", "services.reward"} <= with_reward and "services.retrieval" not in with_reward
+    cfg = load_config([], ["trainer.backend=verl"], env={})
+    assert cfg.params().keys() < cfg.flat().keys()  # every param is a setting of the full view

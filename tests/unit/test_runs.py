@@ -54,3 +54,17 @@ def test_explicit_run_id_with_other_config_is_refused(store):
         runs.begin_run(store, load_config(["gsm8k"], ["algorithm.lr=0.1"], env={}), "nightly-1")
     with pytest.raises(ConfigError, match="run_id"):
         runs.begin_run(store, load_config(["gsm8k"], env={}), "bad id/../x")
+
+
+def test_training_start_is_recorded_once_and_older_runs_give_their_creation(store, monkeypatch):
+    cfg = load_config(["gsm8k"], env={})
+    run_id, _ = runs.begin_run(store, cfg, None)
+    created = runs.read_run(store, run_id)["created_at"]
+    assert runs.training_started_at(store, run_id) == created  # a run recorded before training starts were kept
+
+    monkeypatch.setattr(runs.time, "time", lambda: created + 100)
+    runs.mark_training_started(store, run_id)
+    monkeypatch.setattr(runs.time, "time", lambda: created + 500)
+    runs.mark_training_started(store, run_id)  # a resumed training keeps the first start
+    runs.mark_run(store, run_id, "completed")
+    assert runs.training_started_at(store, run_id) == created + 100

@@ -24,8 +24,8 @@ def test_compare_paired_counts_each_cell():
     assert (cmp.n, cmp.a_only, cmp.b_only, cmp.both, cmp.neither) == (6, 2, 1, 2, 1)
     assert cmp.mean_a == pytest.approx(4 / 6) and cmp.delta == pytest.approx(1 / 6)
     assert cmp.mcnemar_p == pytest.approx(1.0)
-    tags = cmp.as_tags()
-    assert tags["promotion.challenger_only"] == "2" and tags["promotion.champion_only"] == "1"
+    metrics = cmp.as_metrics()
+    assert metrics["promotion/challenger_only"] == 2 and metrics["promotion/champion_only"] == 1
 
 
 def test_clearly_better_model_is_significant_and_equal_models_are_not():

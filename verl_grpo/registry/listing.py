@@ -9,6 +9,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from verl_grpo.config import RunConfig
+from verl_grpo.registry.register import DECISION_TAG, FINAL_STEP_METRIC, SETTINGS_TAG
 from verl_grpo.registry.tracking import RUN_ID_TAG, client_for, infra_errors
 
 
@@ -42,34 +43,33 @@ def _rows(client: MlflowClient, name: str) -> list[dict[str, Any]]:
         aliases.setdefault(str(version), []).append(alias)
     rows = []
     for v in client.search_model_versions(f"name='{escaped}'"):
-        tags = v.tags
+        tags, metrics = v.tags, _run_metrics(client, v.run_id)
+        steps = metrics.get(FINAL_STEP_METRIC)
         rows.append({
             "version": int(v.version),
             "aliases": sorted(aliases.get(str(v.version), [])),
-            "accuracy": _float(tags.get("eval.accuracy")),
-            "base_accuracy": _float(tags.get("base.accuracy")),
-            "delta_accuracy": _float(tags.get("delta.accuracy")),
-            "steps": _int(tags.get("train.final_step")),
+            "accuracy": metrics.get("eval/accuracy"),
+            "base_accuracy": metrics.get("base/accuracy"),
+            "delta_accuracy": metrics.get("delta/accuracy"),
+            "steps": None if steps is None else int(steps),
             "dataset_hash": tags.get("dataset.hash", ""),
             "run_id": tags.get(RUN_ID_TAG, ""),
-            "decision": tags.get("promotion.decision", ""),
-            "p_value": _float(tags.get("promotion.mcnemar_p")),
-            "settings_key": tags.get("eval.settings_key", ""),
+            "decision": tags.get(DECISION_TAG, ""),
+            "p_value": metrics.get("promotion/mcnemar_p"),
+            "settings_key": tags.get(SETTINGS_TAG, ""),
             "created": datetime.fromtimestamp(v.creation_timestamp / 1000, UTC).isoformat(timespec="seconds"),
             "mlflow_run_id": v.run_id,
         })
     return sorted(rows, key=lambda r: r["version"], reverse=True)
 
 
-def _float(value: str | None) -> float | None:
+def _run_metrics(client: MlflowClient, mlflow_run_id: str | None) -> dict[str, float]:
+    """The numbers of a version live on its run (latest value of each metric); none when the run is gone."""
+    if not mlflow_run_id:
+        return {}
     try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+        return client.get_run(mlflow_run_id).data.metrics
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return {}
+        raise

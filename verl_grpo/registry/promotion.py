@@ -27,11 +27,9 @@ class Decision:
     def promoted(self) -> bool:
         return self.code in (FIRST, PROMOTED)
 
-    def tags(self, prefix: str = "promotion.") -> dict[str, str]:
-        out = {f"{prefix}decision": self.code, f"{prefix}reason": self.reason}
-        if self.comparison is not None:
-            out.update(self.comparison.as_tags(prefix))
-        return out
+    def metrics(self) -> dict[str, float]:
+        """The comparison's numbers (`promotion/mcnemar_p`, ...) for the challenger's run; none without one."""
+        return self.comparison.as_metrics() if self.comparison is not None else {}
 
 
 def decide(

@@ -12,6 +12,7 @@ import pandas as pd
 from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
+from verl_grpo import runs
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -34,6 +35,15 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 DEFAULT_PROMOTION_P_VALUE = 0.05
 EVAL_ARTIFACT_DIR = "eval"
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
+DECISION_TAG = "promotion.decision"
+FINAL_STEP_METRIC = "train/final_step"
+VERSION_TAGS = (tracking.RUN_ID_TAG, "dataset.hash", "config.digest", "model.base", MODEL_URI_TAG, SETTINGS_TAG,
+                SPLIT_TAG)
+"""Run tags a registered version repeats: its lineage and the key that says which evals compare (plus
+`promotion.decision`); the numbers stay on the run."""
+REGISTERED_MODEL_ABOUT = ("GRPO post-trained models of verl-grpo. Each version is the model of one pipeline run; "
+                          "`champion` moves to a version only when it is significantly better (McNemar) on the "
+                          "same problems.")
 
 
 def register_run(
@@ -69,24 +79,27 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     exp_id = tracking.experiment_id(client, cfg.experiment_name,
                                     tracking.artifact_location(cfg.tracking.mlflow_uri, cfg.experiment_name))
     run_tags = _run_tags(cfg, run_id, dataset, train, report, tags)
-    mlflow_run_id = tracking.find_or_create_run(client, exp_id, run_id, run_tags)
+    # The MLflow run spans the training: it starts when training did and ends with this registration.
+    mlflow_run_id = tracking.find_or_create_run(client, exp_id, run_id, run_tags,
+                                                started_at=runs.training_started_at(store, run_id))
     tracking.set_tags(client, mlflow_run_id, run_tags)
-    tracking.log_params(client, mlflow_run_id, cfg.flat())
+    tracking.log_params(client, mlflow_run_id, cfg.params())
+    tracking.log_dataset_input(client, mlflow_run_id, dataset)
     tracking.log_training_metrics(client, mlflow_run_id, store, train.metrics_uri)
+    name = cfg.registered_model_name
+    model = log_hf_model(client, exp_id, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})",
+                         step=train.final_step)
     summary = eval_summary(report, base_report)
-    tracking.log_metrics(client, mlflow_run_id, summary, step=train.final_step)
+    tracking.log_metrics(client, mlflow_run_id, {**summary, FINAL_STEP_METRIC: train.final_step}, step=train.final_step,
+                         model_id=model.model_id)
     wandb_url = mirror_to_wandb(cfg, run_id, tracking.read_lines(store, train.metrics_uri) or [], summary)
     if wandb_url:
         client.set_tag(mlflow_run_id, "wandb_url", wandb_url)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
 
-    name = cfg.registered_model_name
-    source = log_hf_model(client, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})")
-    ensure_registered_model(client, name, f"GRPO post-trained models of verl-grpo on {cfg.dataset.name}")
-    metric_tags = {tracking.metric_name(k.replace("/", ".")): f"{v:.6g}" for k, v in summary.items()}
-    version_tags = {**run_tags, **metric_tags, SETTINGS_TAG: report.settings_key, SPLIT_TAG: report.split,
-                    "train.final_step": str(train.final_step)}
-    version, created = find_or_create_version(client, name, mlflow_run_id, source, train.model_uri, version_tags)
+    ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
+    version_tags = {key: run_tags[key] for key in VERSION_TAGS}
+    version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
     client.set_registered_model_alias(name, CHALLENGER, version.version)
     decision = _promote(client, name, version, report, store, promotion_p_value, champion_report)
     client.set_terminated(mlflow_run_id, "FINISHED")
@@ -128,6 +141,8 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
         MODEL_URI_TAG: train.model_uri,
         "config.digest": cfg.digest(),
         SETTINGS_TAG: report.settings_key,
+        SPLIT_TAG: report.split,
+        **tracking.source_tags(),
     }
     return {**{str(k): str(v) for k, v in extra.items()}, **tags}
 
@@ -158,16 +173,22 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
 
 def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
              p_threshold: float, champion_report: EvalReport | None) -> str:
-    """Decide once per version (a retry returns the recorded decision) and move `champion` if it wins."""
-    recorded = version.tags.get("promotion.reason")
+    """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
+
+    The decision is the version's description and its `promotion.decision` tag; the comparison's numbers are
+    metrics of the version's run.
+    """
+    recorded = version.tags.get(DECISION_TAG)
     if recorded:
-        if version.tags.get("promotion.decision") in (FIRST, PROMOTED):
-            _move_champion_forward(client, name, version.version)  # the crash may have come before the move
-        return recorded
+        champion = version_by_alias(client, name, CHAMPION)
+        # The crash may have come before the move; a newer champion has since replaced this one.
+        if recorded in (FIRST, PROMOTED) and (champion is None or int(champion.version) < int(version.version)):
+            _crown(client, name, version, report)
+        return version.description or recorded
     champion = version_by_alias(client, name, CHAMPION)
     label = f"v{version.version}"
     if champion is None or champion.version == version.version:
-        decision = Decision(FIRST, f"{label} is the first model: it becomes the champion")
+        decision = Decision(FIRST, f"{label} is the first model: it becomes the champion ({_headline(report)})")
     else:
         champ_label = f"v{champion.version}"
         champ_table = _champion_table(client, champion, report, store, champion_report)
@@ -178,21 +199,24 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         else:
             decision = decide(_read_table(store, report.table_uri), champ_table, p_threshold=p_threshold,
                               challenger_label=label, champion_label=champ_label)
-        for key, value in decision.tags(f"challenged_by.{label}.").items():
-            client.set_model_version_tag(name, champion.version, key, value)
-    # Tags first: a retry finds the decision and only redoes the alias move.
-    for key, value in decision.tags().items():
-        client.set_model_version_tag(name, version.version, key, value)
+    tracking.log_metrics(client, version.run_id, decision.metrics())
+    # The decision tag last: a retry that finds it has the description too and only redoes the alias move.
+    client.update_model_version(name, version.version, description=decision.reason)
+    client.set_model_version_tag(name, version.version, DECISION_TAG, decision.code)
     if decision.promoted:
-        client.set_registered_model_alias(name, CHAMPION, version.version)
+        _crown(client, name, version, report)
     return decision.reason
 
 
-def _move_champion_forward(client: MlflowClient, name: str, version: str) -> None:
-    """Point `champion` at `version` unless it already points at it or at a newer version."""
-    current = version_by_alias(client, name, CHAMPION)
-    if current is None or int(current.version) < int(version):
-        client.set_registered_model_alias(name, CHAMPION, version)
+def _crown(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport) -> None:
+    """Point `champion` at `version` and name it, with its headline metric, in the registered model's description."""
+    client.set_registered_model_alias(name, CHAMPION, version.version)
+    champion = f"Champion: v{version.version} ({_headline(report)}, run {version.tags.get(tracking.RUN_ID_TAG)})"
+    client.update_registered_model(name, description=f"{champion}.\n\n{REGISTERED_MODEL_ABOUT}")
+
+
+def _headline(report: EvalReport) -> str:
+    return f"accuracy {report.metrics.get('accuracy', float('nan')):.3f} on {report.split}, n={report.n}"
 
 
 def _champion_table(client: MlflowClient, champion: MlflowModelVersion, report: EvalReport, store: Store,

@@ -10,23 +10,33 @@ import json
 import logging
 import re
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag, SourceType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
+from verl_grpo.contracts import DatasetVersion
 from verl_grpo.errors import InfraError
+from verl_grpo.provenance import git_sha
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.store import Store, strip_scheme
 
 log = logging.getLogger(__name__)
 
 RUN_ID_TAG = "verl_grpo.run_id"
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+"""What MLflow 3's UI reads to open an experiment as model training (runs, metrics) rather than GenAI (traces)."""
+SOURCE_NAME = "verl-grpo"
+TRAINING_CONTEXT = "training"
 TRAIN_METRICS_TAG = "verl_grpo.train_metrics_logged"
 _INVALID_NAME_CHARS = re.compile(r"[^\w./\- ]")
 _TRUNCATED = "…[truncated; see config.yaml artifact]"
@@ -71,29 +81,54 @@ def artifact_location(tracking_uri: str, experiment: str) -> str | None:
 
 
 def experiment_id(client: MlflowClient, name: str, location: str | None = None) -> str:
-    """Id of the experiment `name`, created (at `location`) when missing; a concurrent creator is fine."""
+    """Id of the model-training experiment `name`, created (at `location`) when missing; a concurrent creator is
+    fine. An existing experiment is marked model-training too, so the UI opens it on its runs, not on traces."""
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.lifecycle_stage == "deleted":
-            client.restore_experiment(found.experiment_id)
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except MlflowException as e:
-        if e.error_code != "RESOURCE_ALREADY_EXISTS" and e.get_http_status_code() != 409:
-            raise
+    if found is None:
+        try:
+            return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS" and e.get_http_status_code() != 409:
+                raise
         found = client.get_experiment_by_name(name)
         assert found is not None, f"experiment {name} reported as existing but cannot be read"
-        return found.experiment_id
+    if found.lifecycle_stage == "deleted":
+        client.restore_experiment(found.experiment_id)
+    if found.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    return found.experiment_id
 
 
-def find_or_create_run(client: MlflowClient, exp_id: str, run_id: str, tags: Mapping[str, str]) -> str:
-    """MLflow run id of pipeline run `run_id` (tagged `verl_grpo.run_id`), created when missing."""
+def find_or_create_run(client: MlflowClient, exp_id: str, run_id: str, tags: Mapping[str, str],
+                       started_at: float | None = None) -> str:
+    """MLflow run id of pipeline run `run_id` (tagged `verl_grpo.run_id`), created (starting at Unix time
+    `started_at`, default now) when missing."""
     runs = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{_quote(run_id)}'",
                               max_results=2, order_by=["attributes.start_time ASC"])
     if runs:
         return runs[0].info.run_id
-    return client.create_run(exp_id, run_name=run_id, tags={**tags, RUN_ID_TAG: run_id}).info.run_id
+    start_ms = None if started_at is None else int(started_at * 1000)
+    return client.create_run(exp_id, start_time=start_ms, run_name=run_id,
+                             tags={**tags, RUN_ID_TAG: run_id}).info.run_id
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's tags of where the code came from (the runs table's Source and Version columns)."""
+    sha = git_sha()
+    return {MLFLOW_SOURCE_NAME: SOURCE_NAME, MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL),
+            **({MLFLOW_GIT_COMMIT: sha} if sha else {})}
+
+
+def log_dataset_input(client: MlflowClient, mlflow_run_id: str, dataset: DatasetVersion) -> None:
+    """The dataset version as the run's training input (the runs table's Dataset column); logged once."""
+    with warnings.catch_warnings():  # MLflow registers two sources for file:// URIs and warns that it picks one
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+        source = resolve_dataset_source(dataset.splits.get("train", dataset.uri))
+    meta = MetaDataset(source, name=dataset.name, digest=dataset.hash)._to_mlflow_entity()
+    entity = Dataset(name=meta.name, digest=meta.digest, source_type=meta.source_type, source=meta.source,
+                     profile=json.dumps({"rows": dataset.counts, "rejected": dataset.rejected}))
+    context = InputTag(MLFLOW_DATASET_CONTEXT, TRAINING_CONTEXT)
+    client.log_inputs(mlflow_run_id, datasets=[DatasetInput(entity, tags=[context])])
 
 
 def log_params(client: MlflowClient, mlflow_run_id: str, params: Mapping[str, Any]) -> None:
@@ -121,10 +156,12 @@ def set_tags(client: MlflowClient, mlflow_run_id: str, tags: Mapping[str, Any]) 
         client.log_batch(mlflow_run_id, tags=chunk)
 
 
-def log_metrics(client: MlflowClient, mlflow_run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
-    """Summary metrics (eval/…, base/…, delta/…) at one step; re-logging the same values is harmless."""
+def log_metrics(client: MlflowClient, mlflow_run_id: str, metrics: Mapping[str, float], step: int = 0,
+                model_id: str | None = None) -> None:
+    """Summary metrics (eval/…, base/…, delta/…) at one step, also of the logged model `model_id` when given (its
+    row in the experiment's Models tab); re-logging the same values is harmless."""
     now = int(time.time() * 1000)
-    items = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
+    items = [Metric(metric_name(k), float(v), now, step, model_id=model_id) for k, v in metrics.items()]
     for chunk in _chunks(items, MAX_METRICS_PER_BATCH):
         client.log_batch(mlflow_run_id, metrics=chunk)
 
