@@ -70,14 +70,11 @@ def label_flow_run(cfg: RunConfig, run_id: str) -> None:
 
 
 def tracking_tags(run_id: str) -> dict[str, str]:
-    """Prefect provenance for the MLflow run."""
-    from verl_grpo.provenance import git_sha
-
+    """Prefect provenance for the MLflow run (the git source is recorded by the registry itself)."""
     return {
         "prefect.flow_run_id": str(flow_run.id or ""),
         "prefect.flow_run_url": str(flow_run.ui_url or ""),
         "prefect.flow_run_name": str(flow_run.name or ""),
-        "git_sha": git_sha(),
     }
 
 
