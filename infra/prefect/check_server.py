@@ -80,7 +80,7 @@ def check(log: Path, wait_s: float) -> list[str]:
     for error in filter(is_transient, errors):
         print(f"warning: server log {log}: {error} (retried by Prefect)", file=sys.stderr)
     problems = [f"server log {log}: ERROR from {e}" for e in errors if not is_transient(e)]
-    problems += [f"deployment {name}: schedule active but no Scheduled run after {wait_s:.0f} s; see {log}"
+    problems += [f"deployment {name}: schedule active but no Scheduled run (waited up to {wait_s:.0f} s); see {log}"
                  for name in unscheduled]
     if not problems:
         print("scheduler: " + (", ".join(f"{name} {n} scheduled" for name, n in sorted(counts.items()))
