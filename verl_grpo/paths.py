@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,7 +65,21 @@ def ensure_local_dirs(uris: Mapping[str, str]) -> None:
         if uri.startswith("file://"):
             ensure_dir(Path(uri.removeprefix("file://")).expanduser(), key)
         elif uri.startswith("sqlite:///"):
-            ensure_dir(Path(uri.removeprefix("sqlite:///")).expanduser().parent, key)
+            db = Path(uri.removeprefix("sqlite:///")).expanduser()
+            ensure_dir(db.parent, key)
+            _check_sqlite(db, key)
+
+
+def _check_sqlite(db: Path, key: str) -> None:
+    """An existing database file must open as SQLite (a library would otherwise fail deep inside a step)."""
+    if not db.exists():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as e:
+        raise ConfigError(f"{key}: {db} is not a usable SQLite database ({e}); move it aside or point {key} at "
+                          "another file (it is created when missing)") from None
 
 
 def data_mirror_dir() -> Path:

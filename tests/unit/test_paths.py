@@ -39,3 +39,19 @@ def test_a_local_uri_that_cannot_be_made_names_its_key(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"^tracking\.mlflow_uri: "):
         ensure_local_dirs({"tracking.mlflow_uri": f"sqlite:///{tmp_path}/file/x/mlflow.db"})
+
+
+def test_an_mlflow_db_that_is_not_sqlite_names_its_key(tmp_path):
+    db = tmp_path / "mlflow.db"
+    db.write_text("not a database, e.g. a half-copied file")
+    with pytest.raises(ConfigError, match=r"^tracking\.mlflow_uri: .* is not a usable SQLite database"):
+        ensure_local_dirs({"tracking.mlflow_uri": f"sqlite:///{db}"})
+    assert db.read_text().startswith("not a database")  # nothing is lost
+
+
+def test_an_existing_sqlite_db_passes(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.commit()
+    ensure_local_dirs({"tracking.mlflow_uri": f"sqlite:///{db}"})
