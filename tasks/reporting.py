@@ -16,6 +16,8 @@ from verl_grpo.summary import mlflow_ui_command, outcome_lines, summary_dict, su
 
 MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"
 """URL of an MLflow UI and the local tracking store it serves (`make serve` sets both), for links from Prefect."""
+# MLflow 3's UI opens every experiment in its GenAI (traces) view unless the link asks for the training view.
+MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def run_tags(cfg: RunConfig) -> list[str]:
@@ -32,7 +34,7 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str, mlflow_run_id: str) ->
         ui = os.environ[MLFLOW_UI_ENV]
     else:
         return None
-    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run_id}"
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run_id}?{MLFLOW_TRAINING_VIEW}"
 
 
 def mlflow_local_note(tracking_uri: str, mlflow_run_id: str) -> str:

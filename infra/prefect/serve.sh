@@ -91,7 +91,7 @@ export VERL_GRPO_MLFLOW_UI_STORE=$VERL_GRPO_MLFLOW_UI_STORE
 ENV
 cat <<MSG
 worker started (pid $(cat "$PREFECT_HOME/worker.pid")); logs in $PREFECT_HOME/{server,deploy,worker}.log
-UI:  http://127.0.0.1:$PORT (Prefect)   $VERL_GRPO_MLFLOW_UI (MLflow)
+UI:  http://127.0.0.1:$PORT (Prefect)   $VERL_GRPO_MLFLOW_UI/#/experiments?workflowType=machine_learning (MLflow)
 Run: source $PREFECT_HOME/env && $VENV/bin/prefect deployment run verl-grpo/gsm8k --watch
 Stop: make stop
 MSG

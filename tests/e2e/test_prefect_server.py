@@ -87,6 +87,8 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     mlflow_url = re.search(r"\((http://[^)]+)\)", by_key["mlflow-run"].data)[1]  # a link artifact: [text](url)
     assert f"]({mlflow_url})" in summary
     ui, route = mlflow_url.split("/#/", 1)
+    route, view = route.split("?", 1)
+    assert view == "workflowType=machine_learning"  # MLflow 3's UI would open the GenAI view otherwise
     mlflow_run_id = route.rsplit("/", 1)[1]
     assert httpx.get(ui, timeout=30).status_code == 200
     got = httpx.get(f"{ui}/api/2.0/mlflow/runs/get", params={"run_id": mlflow_run_id}, timeout=30)

@@ -42,7 +42,8 @@ def test_eval_table_compares_base_and_trained():
 
 
 def test_mlflow_link_is_a_url_only_for_a_tracking_server():
-    assert mlflow_run_url("http://127.0.0.1:5000/", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert mlflow_run_url("http://127.0.0.1:5000/", "3", "abc") == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning")
     assert mlflow_run_url("sqlite:////tmp/mlflow.db", "3", "abc") is None
     assert "mlflow ui --backend-store-uri sqlite:////tmp/mlflow.db" in mlflow_local_note("sqlite:////tmp/mlflow.db", "abc")
 
