@@ -18,18 +18,14 @@ from verl_grpo.paths import ensure_dir, ensure_state_dir
 
 EPHEMERAL_LOG = "ephemeral-api.log"
 
-# Settings for every Prefect process this CLI starts (the ephemeral server inherits them).
-_QUIET = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # its telemetry heartbeat also races the run for the SQLite lock
-}
 
 
 def use_local_prefect() -> None:
     """Prepare Prefect's home and settings; start the ephemeral API unless PREFECT_API_URL names a server."""
     state = ensure_state_dir()
     home = ensure_dir(Path(os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))), "PREFECT_HOME")
-    for key, value in _QUIET.items():
-        os.environ.setdefault(key, value)
+    # The ephemeral server inherits it; its telemetry heartbeat also races the run for the SQLite lock.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if not os.environ.get("PREFECT_API_URL"):
         start_ephemeral_api(home / EPHEMERAL_LOG)
 

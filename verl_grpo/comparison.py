@@ -33,7 +33,7 @@ class MetricChange:
 
 def compare_to_base(report: EvalReport, base: EvalReport, store: Store) -> list[MetricChange]:
     """One MetricChange per eval metric of either report (`n` left out), in name order."""
-    trained_table, base_table = _read(store, report.table_uri), _read(store, base.table_uri)
+    trained_table, base_table = read_table(store, report.table_uri), read_table(store, base.table_uri)
     joined = trained_table.merge(base_table, on="id", suffixes=("_t", "_b"))
     changes = []
     for name in sorted((set(report.metrics) | set(base.metrics)) - {"n"}):
@@ -59,6 +59,7 @@ def _wilcoxon(trained: pd.Series, before: pd.Series) -> float:
     return float(wilcoxon(diff, zero_method="zsplit").pvalue)
 
 
-def _read(store: Store, uri: str) -> pd.DataFrame:
+def read_table(store: Store, uri: str) -> pd.DataFrame:
+    """An eval report's per-problem table (one row per problem, keyed by `id`)."""
     with store.fs.open(strip_scheme(uri), "rb") as f:
         return pd.read_parquet(f)

@@ -13,6 +13,7 @@ from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
 from verl_grpo import runs
+from verl_grpo.comparison import read_table
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -197,7 +198,7 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
                                 f"({champion.tags.get(SETTINGS_TAG)} vs {report.settings_key}); pass the champion "
                                 "re-evaluated with these settings as champion_report to compare")
         else:
-            decision = decide(_read_table(store, report.table_uri), champ_table, p_threshold=p_threshold,
+            decision = decide(read_table(store, report.table_uri), champ_table, p_threshold=p_threshold,
                               challenger_label=label, champion_label=champ_label)
     tracking.log_metrics(client, version.run_id, decision.metrics())
     # The decision tag last: a retry that finds it has the description too and only redoes the alias move.
@@ -223,14 +224,9 @@ def _champion_table(client: MlflowClient, champion: MlflowModelVersion, report: 
                     champion_report: EvalReport | None) -> pd.DataFrame | None:
     """The champion's per-problem results under the challenger's settings, or None when there are none."""
     if champion_report is not None and champion_report.settings_key == report.settings_key:
-        return _read_table(store, champion_report.table_uri)
+        return read_table(store, champion_report.table_uri)
     if champion.tags.get(SETTINGS_TAG) != report.settings_key or champion.tags.get(SPLIT_TAG) != report.split:
         return None
     with tempfile.TemporaryDirectory(prefix="verl-grpo-champion-") as tmp:
         path = client.download_artifacts(champion.run_id, f"{EVAL_ARTIFACT_DIR}/{report.split}.parquet", tmp)
         return pd.read_parquet(path)
-
-
-def _read_table(store: Store, uri: str) -> pd.DataFrame:
-    with store.fs.open(strip_scheme(uri), "rb") as f:
-        return pd.read_parquet(f)
