@@ -54,7 +54,7 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
                               timeout=RUN_TIMEOUT_S)
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run.id)
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+        logs = _flow_run_logs(client, flow_run.id, until="decision: ")
         assert flow_run.state.type == StateType.COMPLETED, "\n".join(log.message for log in logs)[-5000:]
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
@@ -105,6 +105,17 @@ def test_cancelling_a_flow_run_stops_the_trainer(served, tiny_overrides):
         state = _wait_for_final_state(client, flow_run.id)
     assert state.type == StateType.CANCELLED, state
     assert not pid_alive(trainer_pid), f"trainer {trainer_pid} survived the cancellation"
+
+
+def _flow_run_logs(client, flow_run_id, until: str, timeout_s: float = 30):
+    """The flow run's logs once a line starting with `until` arrived: the flow process ships its last log
+    lines in a batch that can reach the server just after the run turned COMPLETED."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        if any(log.message.startswith(until) for log in logs) or time.monotonic() > deadline:
+            return logs
+        time.sleep(1)
 
 
 def _wait_for_trainer(home: Path, flow_run_id, timeout_s: float = RUN_TIMEOUT_S) -> int:
