@@ -34,12 +34,11 @@ from typing import Any
 
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.store import Store, checkpoints_dir
+from verl_grpo.layout import STEP_PREFIX, checkpoint_dir, checkpoint_manifest, checkpoints_dir, step_dir_name
+from verl_grpo.store import Store
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "MANIFEST.json"
-STEP_PREFIX = "global_step_"
 _CHUNK = 1 << 20
 PART_SIZE = 16 << 20
 """Multipart part size on S3 (S3's minimum is 5 MiB; s3fs's default of 50 MiB holds more memory per file)."""
@@ -54,10 +53,6 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-def step_dir_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step}"
 
 
 def _transient_errors() -> tuple[type[BaseException], ...]:
@@ -128,12 +123,12 @@ class CheckpointStore:
         files = sorted(p for p in local_dir.rglob("*") if p.is_file())
         if not files:
             raise InfraError(f"checkpoint dir {local_dir} is empty; nothing to save for step {step}")
-        base = (checkpoints_dir(run_id), step_dir_name(step))
+        base = checkpoint_dir(run_id, step)
 
         def upload(path: Path) -> dict[str, Any]:
             rel = path.relative_to(local_dir).as_posix()
             entry = {"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)}
-            self.retrying(f"upload {rel}", lambda: self._put(path, *base, rel))
+            self.retrying(f"upload {rel}", lambda: self._put(path, base, rel))
             return entry
 
         # Large files first so the slowest upload starts earliest.
@@ -149,11 +144,11 @@ class CheckpointStore:
                 "created_at": time.time(),
             }
             self.retrying("commit manifest",
-                          lambda: self.store.write_text(json.dumps(manifest, indent=1), *base, MANIFEST))
+                          lambda: self.store.write_text(json.dumps(manifest, indent=1), checkpoint_manifest(run_id, step)))
         except InfraError as e:
             raise InfraError(f"{e}; checkpoint step {step} is not committed, its files are kept at {local_dir}") from e
-        log.info("checkpoint step %d committed (%d files) at %s", step, len(entries), self.store.url(*base))
-        return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(*base))
+        log.info("checkpoint step %d committed (%d files) at %s", step, len(entries), self.store.url(base))
+        return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(base))
 
     def steps(self, run_id: str) -> list[int]:
         """Steps with a checkpoint directory (complete or not), ascending."""
@@ -170,7 +165,7 @@ class CheckpointStore:
         """The manifest of a committed checkpoint, or None when it is missing or torn."""
         try:
             text = self.retrying(f"read manifest of step {step}", lambda: self.store.read_text(
-                checkpoints_dir(run_id), step_dir_name(step), MANIFEST))
+                checkpoint_manifest(run_id, step)))
             data = json.loads(text)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
@@ -186,7 +181,7 @@ class CheckpointStore:
                 log.warning("checkpoint step %d of run %s has no committed manifest; skipped", step, run_id)
                 continue
             if self._files_present(run_id, step, manifest):
-                return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(checkpoints_dir(run_id), step_dir_name(step)))
+                return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(checkpoint_dir(run_id, step)))
             log.warning("checkpoint step %d of run %s is missing files; skipped", step, run_id)
         return None
 
@@ -197,14 +192,14 @@ class CheckpointStore:
             raise InfraError(f"checkpoint {ref.uri} has no committed manifest; it cannot be restored")
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
-        base = (checkpoints_dir(ref.run_id), step_dir_name(ref.step))
+        base = checkpoint_dir(ref.run_id, ref.step)
         for entry in manifest["files"]:
             dest = local_dir / entry["path"]
             dest.parent.mkdir(parents=True, exist_ok=True)
             if not (dest.is_file() and dest.stat().st_size == entry["size"] and sha256_file(dest) == entry["sha256"]):
                 # Unlink first: a leftover may share its inode (hard link) with a snapshot still to be uploaded.
                 dest.unlink(missing_ok=True)
-                remote = self.store.path(*base, entry["path"])
+                remote = self.store.path(base, entry["path"])
                 self.retrying(f"download {entry['path']}", lambda r=remote, d=dest: self.store.fs.get_file(r, str(d)))
             if dest.stat().st_size != entry["size"] or sha256_file(dest) != entry["sha256"]:
                 raise InfraError(
@@ -225,8 +220,8 @@ class CheckpointStore:
         for step in removed:
             # Remove the manifest first so a half-deleted checkpoint is never seen as complete.
             self.retrying(f"delete step {step}", lambda s=step: (
-                self.store.rm(checkpoints_dir(run_id), step_dir_name(s), MANIFEST),
-                self.store.rm(checkpoints_dir(run_id), step_dir_name(s))))
+                self.store.rm(checkpoint_manifest(run_id, s)),
+                self.store.rm(checkpoint_dir(run_id, s))))
         return removed
 
     def retrying(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -264,7 +259,7 @@ class CheckpointStore:
                                max_concurrency=self.part_concurrency)
 
     def _files_present(self, run_id: str, step: int, manifest: dict[str, Any]) -> bool:
-        base = self.store.path(checkpoints_dir(run_id), step_dir_name(step))
+        base = self.store.path(checkpoint_dir(run_id, step))
         self.store.fs.invalidate_cache(base)
         try:
             found = self.retrying(f"list files of step {step}", lambda: self.store.fs.find(base, detail=True))

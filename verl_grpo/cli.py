@@ -128,6 +128,7 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str | None) -> None:
     """Prepare verl-format parquet in the store and print its manifest."""
     from verl_grpo import pipeline
+    from verl_grpo.layout import DATASET_MANIFEST, dataset_dir
     from verl_grpo.store import Store
 
     if dataset:
@@ -137,7 +138,7 @@ def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str |
     cfg = _load(configs, overrides)
     version = pipeline.prepare(cfg)
     store = Store.from_config(cfg.storage)
-    click.echo(store.read_text(version.uri[len(store.uri) + 1 :], "manifest.json"))
+    click.echo(store.read_text(dataset_dir(version.name, version.hash), DATASET_MANIFEST))
 
 
 @main.command()
@@ -190,14 +191,15 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
     """Register a trained, evaluated run in MLflow (idempotent); prints the model version."""
     from verl_grpo import pipeline
     from verl_grpo.contracts import EvalReport
-    from verl_grpo.store import Store, run_dir
+    from verl_grpo.layout import eval_report
+    from verl_grpo.store import Store
 
     cfg = _load(configs, overrides)
     store = Store.from_config(cfg.storage)
     dataset = pipeline.prepare(cfg)
     result = _stored_train_result(cfg, run_id)
     try:
-        report = EvalReport.model_validate_json(store.read_text(run_dir(run_id), "eval", f"{cfg.eval.split}.json"))
+        report = EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
     except FileNotFoundError:
         raise ConfigError(f"run {run_id} has no eval report for split {cfg.eval.split}; run `verl-grpo evaluate --run-id {run_id}` first") from None
     base = pipeline.evaluate_base(cfg, dataset)
@@ -207,11 +209,12 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
 
 def _stored_train_result(cfg, run_id: str):
     from verl_grpo.contracts import TrainResult
-    from verl_grpo.store import Store, run_dir
+    from verl_grpo.layout import train_result
+    from verl_grpo.store import Store
 
     store = Store.from_config(cfg.storage)
     try:
-        return TrainResult.model_validate_json(store.read_text(run_dir(run_id), "train_result.json"))
+        return TrainResult.model_validate_json(store.read_text(train_result(run_id)))
     except FileNotFoundError:
         raise ConfigError(f"run {run_id} has no finished training in {store.uri}; check --run-id or run `verl-grpo train`") from None
 

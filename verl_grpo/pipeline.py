@@ -19,7 +19,8 @@ from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.errors import InfraError, Preempted, error_class
 from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
-from verl_grpo.store import Store, run_dir
+from verl_grpo.layout import eval_report, train_result
+from verl_grpo.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str
         raise
     state = provider.status(job)
     if state.phase == "SUCCEEDED":
-        return TrainResult.model_validate_json(store.read_text(run_dir(run_id), "train_result.json"))
+        return TrainResult.model_validate_json(store.read_text(train_result(run_id)))
     if state.preempted:
         raise Preempted(f"run {run_id}: {state.failure_reason}; a retry resumes from the last committed checkpoint")
     raise error_class(state.error_type)(f"run {run_id}: training failed ({state.phase}): {state.failure_reason}")
@@ -156,7 +157,6 @@ def evaluate(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: st
     """
     store = Store.from_config(cfg.storage)
     if cfg.infra.provider == "skypilot":
-        from verl_grpo.evaluate.vllm_runner import report_rel
         from verl_grpo.providers import get_provider
 
         provider = get_provider(cfg.infra.provider)
@@ -171,11 +171,11 @@ def evaluate(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: st
         if state.phase != "SUCCEEDED":
             raise InfraError(f"run {run_id}: eval job {job.name} ended {state.phase} ({state.failure_reason}); "
                              "retry the evaluate step")
-        return EvalReport.model_validate_json(store.read_text(report_rel(run_id, cfg.eval.split)))
+        return EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
     from verl_grpo.evaluate import evaluate_model
 
     report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress, **eval_options(cfg))
-    store.write_text(report.model_dump_json(indent=1), run_dir(run_id), "eval", f"{report.split}.json")
+    store.write_text(report.model_dump_json(indent=1), eval_report(run_id, report.split))
     return report
 
 

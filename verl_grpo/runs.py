@@ -15,7 +15,8 @@ from typing import Any, Literal
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import model_short_name
-from verl_grpo.store import Store, run_dir
+from verl_grpo.layout import RUNS, run_config, run_record
+from verl_grpo.store import Store
 
 RunStatus = Literal["running", "completed", "failed"]
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -30,7 +31,7 @@ def run_name(cfg: RunConfig, when: datetime | None = None) -> str:
 def new_run_id(cfg: RunConfig, store: Store) -> str:
     base = run_name(cfg)
     candidate, n = base, 1
-    while store.exists(run_dir(candidate), "run.json"):
+    while store.exists(run_record(candidate)):
         n += 1
         candidate = f"{base}-{n}"
     return candidate
@@ -44,7 +45,7 @@ def validate_run_id(run_id: str) -> str:
 
 def read_run(store: Store, run_id: str) -> dict[str, Any] | None:
     try:
-        return json.loads(store.read_text(run_dir(run_id), "run.json"))
+        return json.loads(store.read_text(run_record(run_id)))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
@@ -53,7 +54,7 @@ def find_resumable(store: Store, cfg: RunConfig) -> str | None:
     """The newest unfinished run whose resolved config equals cfg's."""
     digest = cfg.digest()
     candidates = []
-    for run_id in store.listdir("runs"):
+    for run_id in store.listdir(RUNS):
         record = read_run(store, run_id)
         if record and record.get("config_digest") == digest and record.get("status") != "completed":
             candidates.append((record.get("created_at", 0), run_id))
@@ -68,7 +69,7 @@ def begin_run(store: Store, cfg: RunConfig, run_id: str | None, *, resume: bool 
         if existing and existing.get("config_digest") != cfg.digest():
             raise ConfigError(
                 f"run_id {run_id!r} exists with a different config (digest {existing.get('config_digest')} vs "
-                f"{cfg.digest()}); resume it with its own config (runs/{run_id}/config.yaml) or pick a new run_id"
+                f"{cfg.digest()}); resume it with its own config ({run_config(run_id)}) or pick a new run_id"
             )
         resumed = existing is not None
     else:
@@ -76,7 +77,7 @@ def begin_run(store: Store, cfg: RunConfig, run_id: str | None, *, resume: bool 
         resumed = run_id is not None
         run_id = run_id or new_run_id(cfg, store)
     record = read_run(store, run_id) or {"run_id": run_id, "config_digest": cfg.digest(), "created_at": time.time()}
-    store.write_text(cfg.to_yaml(), run_dir(run_id), "config.yaml")
+    store.write_text(cfg.to_yaml(), run_config(run_id))
     mark_run(store, run_id, "running", record)
     return run_id, resumed
 
@@ -84,7 +85,7 @@ def begin_run(store: Store, cfg: RunConfig, run_id: str | None, *, resume: bool 
 def mark_run(store: Store, run_id: str, status: RunStatus, record: dict[str, Any] | None = None, **extra: Any) -> None:
     record = dict(record or read_run(store, run_id) or {"run_id": run_id})
     record.update(extra, status=status, updated_at=time.time())
-    store.write_text(json.dumps(record, indent=1), run_dir(run_id), "run.json")
+    store.write_text(json.dumps(record, indent=1), run_record(run_id))
 
 
 def mark_training_started(store: Store, run_id: str) -> None:
@@ -92,7 +93,7 @@ def mark_training_started(store: Store, run_id: str) -> None:
     record = read_run(store, run_id) or {"run_id": run_id}
     if "training_started_at" not in record:
         record["training_started_at"] = time.time()
-        store.write_text(json.dumps(record, indent=1), run_dir(run_id), "run.json")
+        store.write_text(json.dumps(record, indent=1), run_record(run_id))
 
 
 def training_started_at(store: Store, run_id: str) -> float | None:

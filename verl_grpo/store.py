@@ -1,14 +1,4 @@
-"""The artifact store: one root URI (`file://` or `s3://`) on fsspec, and the layout under it.
-
-```
-datasets/{name}/{hash}/{train,val,test}.parquet, rejected.parquet, manifest.json
-runs/{run_id}/config.yaml
-runs/{run_id}/checkpoints/global_step_{N}/…  + MANIFEST.json, written last
-runs/{run_id}/model/
-runs/{run_id}/eval/{split}.parquet
-eval-cache/{model_key}/{split}-{settings}.parquet
-```
-"""
+"""The artifact store: one root URI (`file://` or `s3://`) on fsspec. The layout under it is verl_grpo.layout."""
 
 from __future__ import annotations
 
@@ -145,28 +135,3 @@ def strip_scheme(uri: str) -> str:
 def local_path(uri: str) -> Path | None:
     """The local path of a `file://` URI (None for remote URIs)."""
     return Path(uri[len("file://") :]) if uri.startswith("file://") else None
-
-
-# Layout: relative paths under the root.
-def dataset_dir(name: str, digest: str) -> str:
-    return f"datasets/{name}/{digest}"
-
-
-def run_dir(run_id: str) -> str:
-    return f"runs/{run_id}"
-
-
-def checkpoints_dir(run_id: str) -> str:
-    return f"runs/{run_id}/checkpoints"
-
-
-def model_dir(run_id: str) -> str:
-    return f"runs/{run_id}/model"
-
-
-def eval_table(run_id: str, split: str) -> str:
-    return f"runs/{run_id}/eval/{split}.parquet"
-
-
-def eval_cache_table(model_key: str, split: str, settings: str) -> str:
-    return f"eval-cache/{model_key}/{split}-{settings}.parquet"

@@ -18,7 +18,8 @@ from verl_grpo.contracts import EvalReport
 from verl_grpo.evaluate import evaluate_model
 from verl_grpo.models import resolve_model
 from verl_grpo.pipeline import eval_options, prepare
-from verl_grpo.store import Store, eval_table
+from verl_grpo.layout import eval_table
+from verl_grpo.store import Store
 
 pytestmark = pytest.mark.e2e
 

@@ -28,7 +28,8 @@ from faultlib import (
     plan_run,
 )
 
-from verl_grpo.checkpoints import MANIFEST, CheckpointStore
+from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.layout import CHECKPOINT_MANIFEST as MANIFEST
 from verl_grpo.errors import InfraError
 from verl_grpo.store import Store
 

@@ -22,7 +22,8 @@ from verl_grpo.contracts import CheckpointRef, DatasetVersion, EvalReport, Train
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.provenance import git_sha
 from verl_grpo.registry import download_version, list_models, register_run
-from verl_grpo.store import Store, eval_table, model_dir
+from verl_grpo.layout import eval_table, model_dir
+from verl_grpo.store import Store
 
 SPLIT, SETTINGS, N = "test", "settings-a", 40
 

@@ -25,7 +25,8 @@ from verl_grpo.evaluate import vllm_runner
 from verl_grpo.providers.skypilot import provider as sky_provider
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.boundary import JobRecord
-from verl_grpo.store import Store, model_dir
+from verl_grpo.layout import model_dir
+from verl_grpo.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "skypilot-eval.yaml"

@@ -42,12 +42,13 @@ from verl_grpo.data.schema import (
 from verl_grpo.data.sources import DatasetBuilder, RawSource, load_raw
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.formats import default_system_prompt
-from verl_grpo.store import Store, dataset_dir, strip_scheme
+from verl_grpo.layout import DATASET_MANIFEST as MANIFEST
+from verl_grpo.layout import dataset_dir
+from verl_grpo.store import Store, strip_scheme
 
 logger = logging.getLogger(__name__)
 
 BUILDERS: dict[str, DatasetBuilder] = {b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER)}
-MANIFEST = "manifest.json"
 REJECTED_FILE = "rejected.parquet"
 HASH_CHARS = 16
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -31,11 +30,11 @@ from verl_grpo.evaluate.generation import Generation, GenerationParams, Generato
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
-from verl_grpo.store import Store, eval_cache_table, eval_table
+from verl_grpo.layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
+from verl_grpo.store import Store
 
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]
-_RUN_MODEL = re.compile(r"/runs/(?P<run_id>[^/]+)/model/?$")
 # transformers' from_pretrained is not thread-safe (measured with 5.10: concurrent loads leave tied weights
 # "missing", randomly re-initialised, or on the meta device), and the flow evaluates models in parallel threads.
 _MODEL_LOAD = threading.Lock()
@@ -197,8 +196,7 @@ def evaluate_shard(
 
 def write_run_report(store: Store, run_id: str, report: EvalReport) -> str:
     """Store a run's EvalReport beside its table (`runs/{run_id}/eval/{split}.json`); its URI."""
-    return store.write_text(report.model_dump_json(indent=1), eval_table(run_id, report.split).removesuffix(".parquet")
-                            + ".json")
+    return store.write_text(report.model_dump_json(indent=1), eval_report(run_id, report.split))
 
 
 def score_problems(
@@ -357,8 +355,8 @@ def _prompt_lengths(generator: Generator, prompts: Sequence[str]) -> list[int]:
 
 def _cache_entry(model_uri_or_path: str, model_dir: Path, plan: EvalPlan) -> tuple[str, str]:
     """(table, report) paths of a model's cached eval under the plan's settings."""
-    table_rel = eval_cache_table(model_key(model_uri_or_path, model_dir), plan.split, plan.settings_key)
-    return table_rel, table_rel.removesuffix(".parquet") + ".json"
+    key = model_key(model_uri_or_path, model_dir)
+    return (eval_cache_table(key, plan.split, plan.settings_key), eval_cache_report(key, plan.split, plan.settings_key))
 
 
 def _read_cached(store: Store, table_rel: str, report_rel: str) -> EvalReport | None:
@@ -375,9 +373,9 @@ def _write_table(table: pd.DataFrame, store: Store, out_rel: str) -> str:
 
 
 def _default_table(model: str, store: Store, split: str) -> str:
-    match = _RUN_MODEL.search(model)
-    if match and model.startswith(store.uri + "/"):
-        return eval_table(match["run_id"], split)
+    run_id = run_of_model(model)
+    if run_id and model.startswith(store.uri + "/"):
+        return eval_table(run_id, split)
     raise ConfigError(f"model {model!r} is not a run's model in the store ({store.uri}/runs/<run_id>/model); "
                       "pass run_id or out_rel for where the eval table goes, or use evaluate_cached for base models")
 

@@ -33,7 +33,8 @@ from verl_grpo.evaluate.generation import (
 )
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval
-from verl_grpo.store import Store, eval_table, filesystem_for, run_dir, strip_scheme
+from verl_grpo.layout import eval_report, eval_spec, eval_table
+from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.trainers.verl_checkpoints import ENV_STORE_ENDPOINT, exit_code
 
 GPU_MEMORY_UTILIZATION = 0.9
@@ -69,15 +70,6 @@ class EvalSpec(BaseModel):
                               "launch the eval with the same verl-grpo version as the cluster installs") from None
 
 
-def report_rel(run_id: str, split: str) -> str:
-    """Where a run's EvalReport lives in the store (the CPU path of pipeline.evaluate writes the same file)."""
-    return f"{run_dir(run_id)}/eval/{split}.json"
-
-
-def spec_rel(run_id: str, split: str) -> str:
-    return f"{run_dir(run_id)}/eval/{split}-vllm-spec.json"
-
-
 def plan_spec(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: str,
               tensor_parallel_size: int = 1) -> EvalSpec:
     """The spec of a run's held-out eval on GPUs (pure)."""
@@ -86,13 +78,13 @@ def plan_spec(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: s
                           f"{tensor_parallel_size}; set skypilot.eval_accelerators, e.g. H100:1")
     split = cfg.eval.split
     return EvalSpec(run_id=run_id, config=cfg.model_dump(mode="json"), dataset=dataset, model_uri=model_uri,
-                    table_rel=eval_table(run_id, split), report_rel=report_rel(run_id, split),
+                    table_rel=eval_table(run_id, split), report_rel=eval_report(run_id, split),
                     tensor_parallel_size=tensor_parallel_size)
 
 
 def write_spec(spec: EvalSpec, store: Store) -> str:
     """Store the spec beside the run; its URI is the task's argument."""
-    return store.write_text(spec.model_dump_json(indent=1), spec_rel(spec.run_id, spec.run_config().eval.split))
+    return store.write_text(spec.model_dump_json(indent=1), eval_spec(spec.run_id, spec.run_config().eval.split))
 
 
 def read_spec(uri: str, endpoint_url: str | None = None) -> EvalSpec:

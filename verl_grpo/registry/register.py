@@ -28,7 +28,8 @@ from verl_grpo.registry.versions import (
     log_hf_model,
     version_by_alias,
 )
-from verl_grpo.store import Store, run_dir, strip_scheme
+from verl_grpo.layout import DATASET_MANIFEST, run_config
+from verl_grpo.store import Store, strip_scheme
 
 log = logging.getLogger(__name__)
 
@@ -156,12 +157,12 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
         lines = tracking.read_lines(store, metrics_uri) or []
         plots.reward_curve(lines, root / "plots" / "reward_curve.png")
         plots.accuracy_vs_base(report, base_report, root / "plots" / "accuracy_vs_base.png")
-        config_rel = f"{run_dir(run_id)}/config.yaml"
+        config_rel = run_config(run_id)
         (root / "config.yaml").write_text(store.read_text(config_rel) if store.exists(config_rel) else cfg.to_yaml())
-        manifest = f"{strip_scheme(dataset.uri).rstrip('/')}/manifest.json"
+        manifest = f"{strip_scheme(dataset.uri).rstrip('/')}/{DATASET_MANIFEST}"
         if store.fs.exists(manifest):
             (root / "data").mkdir()
-            store.fs.get_file(manifest, str(root / "data" / "manifest.json"))
+            store.fs.get_file(manifest, str(root / "data" / DATASET_MANIFEST))
         evals = root / EVAL_ARTIFACT_DIR
         evals.mkdir()
         for prefix, rep in (("", report), ("base-", base_report)):

@@ -24,7 +24,9 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
 from verl_grpo.contracts import DatasetVersion
-from verl_grpo.data.prepare import MANIFEST, load_split, version_from_manifest
+from verl_grpo.data.prepare import load_split, version_from_manifest
+from verl_grpo.layout import DATASET_MANIFEST as MANIFEST
+from verl_grpo.layout import dataset_dir, dataset_versions
 from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
 from verl_grpo.services.http import (
@@ -181,8 +183,8 @@ def find_dataset(store: Store, dataset_uri: str | None = None, name: str | None 
     if not name:
         raise DataError(f"no dataset: pass --dataset-uri (or set {DATASET_URI_ENV}) or --dataset NAME")
     newest: tuple[str, str, dict] | None = None
-    for digest in store.listdir("datasets", name):
-        rel = f"datasets/{name}/{digest}"
+    for digest in store.listdir(dataset_versions(name)):
+        rel = dataset_dir(name, digest)
         if store.exists(rel, MANIFEST):
             manifest = json.loads(store.read_text(rel, MANIFEST))
             if newest is None or manifest.get("created_at", "") > newest[0]:

@@ -22,9 +22,9 @@ import numpy as np
 
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.paths import data_mirror_dir
+from verl_grpo.layout import retrieval_index_dir
 from verl_grpo.store import Store
 
-INDEX_ROOT = "retrieval"
 META_FILE = "meta.json"
 HNSW_M = 32
 HNSW_EF_SEARCH = 128
@@ -150,7 +150,7 @@ class RetrievalIndex:
 def index_dir(name: str) -> str:
     if not name or "/" in name or name.startswith("."):
         raise ConfigError(f"services.retrieval.index {name!r} must be a plain name such as squad-dev")
-    return f"{INDEX_ROOT}/{name}"
+    return retrieval_index_dir(name)
 
 
 def build_index(store: Store, name: str, passages: list[Passage], embedder: Embedder, kind: str = "hnsw",

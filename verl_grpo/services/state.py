@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import click
 
 from verl_grpo.config import StorageConfig
-from verl_grpo.store import Store, run_dir
+from verl_grpo.layout import services_dir
+from verl_grpo.store import Store
 
 STORE_URI_ENV = "VERL_GRPO_STORE_URI"
 STORE_ENDPOINT_ENV = "VERL_GRPO_STORE_ENDPOINT"
@@ -49,5 +50,5 @@ def open_store(store_uri: str | None = None, endpoint: str | None = None) -> Sto
 def service_state(task: str, store_uri: str | None = None, endpoint: str | None = None,
                   run_id: str | None = None) -> ServiceState:
     run_id = run_id or os.environ.get(RUN_ID_ENV) or None
-    prefix = f"{run_dir(run_id)}/services/{task}" if run_id else f"services/{task}"
+    prefix = services_dir(task, run_id)
     return ServiceState(open_store(store_uri, endpoint), prefix)

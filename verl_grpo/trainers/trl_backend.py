@@ -30,7 +30,6 @@ from verl_grpo.store import Store
 SPEC_VERSION = 1
 SPEC_FILE = "train_spec.json"
 RESULT_FILE = "result.json"
-METRICS_FILE = "metrics.jsonl"
 
 # verl `loss_agg_mode` → TRL `loss_type`, by how each normalises the summed per-token losses:
 #   token-mean              ÷ active tokens of the whole step (all micro-batches) → "dapo"

@@ -21,8 +21,7 @@ from transformers import TrainerCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
-
-METRICS_FILE = "metrics.jsonl"
+from verl_grpo.layout import METRICS_FILE
 
 
 class MetricsLog:

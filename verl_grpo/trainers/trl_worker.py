@@ -37,10 +37,10 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore, permanent_er
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import CheckpointRef, DatasetVersion, TrainResult
 from verl_grpo.errors import ConfigError, DataError, InfraError, VerlGrpoError
-from verl_grpo.store import Store, model_dir, run_dir
+from verl_grpo.layout import METRICS_FILE, model_dir, run_metrics, train_result
+from verl_grpo.store import Store
 from verl_grpo.trainers.trl_backend import RESULT_FILE, batch_layout, grpo_args
 from verl_grpo.trainers.trl_callbacks import (
-    METRICS_FILE,
     MetricsLog,
     StoreCallback,
     Termination,
@@ -228,7 +228,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
         retrying("remove the previous model", lambda: store.rm(model_dir(spec.run_id)))
         model_uri = retrying("upload the final model", lambda: store.put_dir(final_dir, model_dir(spec.run_id)))
         metrics_uri = retrying("upload metrics",
-                               lambda: store.put_file(metrics.path, run_dir(spec.run_id), METRICS_FILE))
+                               lambda: store.put_file(metrics.path, run_metrics(spec.run_id)))
         summary = summarize(metrics.records(), final_logs)
         summary["checkpoint_wait_s"] = upload_wait_s
         result = TrainResult(
@@ -236,7 +236,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
             model_uri=model_uri, metrics_uri=metrics_uri, summary=summary,
         )
         retrying("write train_result.json", lambda: store.write_text(result.model_dump_json(indent=1),
-                                                                    run_dir(spec.run_id), "train_result.json"))
+                                                                    train_result(spec.run_id)))
     _write_json_atomic(spec.workdir / RESULT_FILE, json.loads(result.model_dump_json()))
     print(f"training done: step {final_step}, model at {model_uri}", flush=True)
     return result

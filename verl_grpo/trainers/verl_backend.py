@@ -20,6 +20,7 @@ from typing import Any
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
+from verl_grpo.layout import dataset_dir
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers.verl_checkpoints import CALLBACK_CLASS, checkpoint_env
 
@@ -369,7 +370,7 @@ def data_files_on_cluster(dataset: DatasetVersion, store: Store, cluster: Cluste
     """
     if cluster.provider == "local" and store.is_local:
         return {split: str(local_path(uri)) for split, uri in dataset.splits.items()}, {}
-    mount = f"{cluster.workdir}/datasets/{dataset.name}/{dataset.hash}"
+    mount = f"{cluster.workdir}/{dataset_dir(dataset.name, dataset.hash)}"
     files = {split: f"{mount}/{uri.rstrip('/').rsplit('/', 1)[-1]}" for split, uri in dataset.splits.items()}
     return files, {DATASET_URI_ENV: dataset.uri, DATASET_MOUNT_ENV: mount}
 

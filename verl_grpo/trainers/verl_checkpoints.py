@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_grpo.checkpoints import STEP_PREFIX, BackgroundSaver, CheckpointStore, step_dir_name
+from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import ConfigError, DataError, InfraError, TrainingError
-from verl_grpo.store import Store, model_dir, run_dir
+from verl_grpo.layout import METRICS_FILE, STEP_PREFIX, model_dir, run_metrics, step_dir_name, train_result
+from verl_grpo.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,6 @@ ENV_VERL_METRICS = "VERL_FILE_LOGGER_PATH"
 CALLBACK_CLASS = "verl_grpo.trainers.verl_checkpoints.StoreCheckpointCallback"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 """verl's resume tracker in default_local_dir (verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename)."""
-METRICS_FILE = "metrics.jsonl"
-TRAIN_RESULT_FILE = "train_result.json"
 DATALOADER_FILE = "data.pt"
 FSDP_CONFIG_FILE = "fsdp_config.json"
 STAGING_DIR = ".staging"
@@ -453,10 +452,10 @@ def finalize(settings: StoreSettings, backend: str = "fsdp", train_batch_size: i
     model_uri = store.put_dir(merged, model_dir(settings.run_id))
     records = merged_metrics(settings)
     local_metrics = write_records(settings.metrics_dir / METRICS_FILE, records)
-    metrics_uri = store.put_file(local_metrics, run_dir(settings.run_id), METRICS_FILE)
+    metrics_uri = store.put_file(local_metrics, run_metrics(settings.run_id))
     result = TrainResult(run_id=settings.run_id, final_step=final_step, checkpoint=ref, model_uri=model_uri,
                          metrics_uri=metrics_uri, summary=summarize(records))
-    store.write_text(result.model_dump_json(indent=1), run_dir(settings.run_id), TRAIN_RESULT_FILE)
+    store.write_text(result.model_dump_json(indent=1), train_result(settings.run_id))
     print(f"training done: step {final_step}, model at {model_uri}", flush=True)
     return result
 

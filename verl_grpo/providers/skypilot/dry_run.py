@@ -22,7 +22,8 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.paths import data_mirror_dir
-from verl_grpo.store import Store, dataset_dir
+from verl_grpo.layout import dataset_dir, eval_spec
+from verl_grpo.store import Store
 from verl_grpo.trainers.verl_backend import VerlTrainer
 
 DRY_RUN_ID = "dry-run"
@@ -102,9 +103,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
 
 def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str]) -> list[str]:
     """Render the held-out eval task into yamls["eval"], load it with SkyPilot and find its GPUs in the catalog."""
-    from verl_grpo.evaluate.vllm_runner import spec_rel
-
-    spec_uri = Store.from_config(cfg.storage).url(spec_rel(DRY_RUN_ID, cfg.eval.split))
+    spec_uri = Store.from_config(cfg.storage).url(eval_spec(DRY_RUN_ID, cfg.eval.split))
     rendered = templates.render_eval(cfg, DRY_RUN_ID, spec_uri, env)
     yamls["eval"] = rendered.yaml
     try:
