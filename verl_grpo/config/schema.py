@@ -1,25 +1,20 @@
-"""Typed run configuration: YAML files + environment knobs + dotted overrides → one validated RunConfig.
+"""The typed run configuration: RunConfig and its sections, one docstring per field (the reference of every setting).
 
-Precedence, lowest first: field defaults, each `-c FILE` in order, the env vars users know
-(MODEL_NAME, TOTAL_STEPS, ...), then `-o dotted.key=value` overrides. Unknown keys fail with the
-nearest valid name. Secrets never live here: they are read from the environment where used.
+Every section forbids unknown keys and validates on assignment; `verl_grpo.config.loader` builds a RunConfig from
+files, env knobs and overrides.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import os
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from verl_grpo.errors import ConfigError
-from verl_grpo.paths import configs_dir, state_dir
+from verl_grpo.paths import state_dir
 
 DatasetName = Literal["gsm8k", "math", "mbpp"]
 
@@ -428,139 +423,6 @@ SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
 }
 """The config sections only some runs read (keyed by dotted prefix), and when a run reads them; every other
 section applies to every run."""
-
-# The env-var knobs of the public examples this pipeline grew out of.
-ENV_KNOBS: dict[str, str] = {
-    "MODEL_NAME": "model.name",
-    "TOTAL_STEPS": "algorithm.total_steps",
-    "TRAIN_BATCH_SIZE": "algorithm.train_batch_size",
-    "ROLLOUTS": "algorithm.rollouts",
-    "CLIP_LOW": "algorithm.clip_low",
-    "CLIP_HIGH": "algorithm.clip_high",
-    "LR": "algorithm.lr",
-    "TEMPERATURE": "algorithm.temperature",
-    "TOP_P": "algorithm.top_p",
-    "TOP_K": "algorithm.top_k",
-}
-
-
-def load_config(
-    files: Sequence[str | Path] = (),
-    overrides: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
-) -> RunConfig:
-    """Merge files, env knobs and overrides into a validated RunConfig, or raise ConfigError."""
-    env = os.environ if env is None else env
-    merged: dict[str, Any] = {}
-    for f in files:
-        _deep_merge(merged, _read_yaml(resolve_config_path(f)))
-    for var, key in ENV_KNOBS.items():
-        if env.get(var, "") != "":
-            _set_dotted(merged, key, _parse_scalar(env[var]), origin=f"env var {var}")
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not of the form dotted.key=value, e.g. -o algorithm.rollouts=8")
-        _set_dotted(merged, key.strip(), _parse_scalar(raw), origin=f"override {item!r}")
-    _check_keys(merged, RunConfig, prefix="")
-    try:
-        return RunConfig.model_validate(merged)
-    except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
-
-
-def resolve_config_path(f: str | Path) -> Path:
-    """A config path as given, or a shipped profile name (`gsm8k` → configs/gsm8k.yaml)."""
-    p = Path(f)
-    if p.is_file():
-        return p
-    shipped = configs_dir() / (p.name if p.suffix else f"{p.name}.yaml")
-    if shipped.is_file():
-        return shipped
-    raise ConfigError(f"config file {str(f)!r} not found; pass a path or one of: {', '.join(shipped_profiles())}")
-
-
-def shipped_profiles() -> list[str]:
-    return sorted(p.stem for p in configs_dir().glob("*.yaml"))
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections (dataset:, model:, ...)")
-    return data
-
-
-def _parse_scalar(raw: str) -> Any:
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-
-
-def _deep_merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
-    for k, v in new.items():
-        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
-            _deep_merge(into[k], v)
-        else:
-            into[k] = dict(v) if isinstance(v, Mapping) else v
-
-
-def _set_dotted(tree: dict[str, Any], key: str, value: Any, origin: str) -> None:
-    parts = key.split(".")
-    _check_path(parts, origin)
-    node = tree
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{origin}: {part!r} is not a section")
-    node[parts[-1]] = value
-
-
-def _check_path(parts: list[str], origin: str) -> None:
-    model: type[BaseModel] | None = RunConfig
-    for i, part in enumerate(parts):
-        if model is None:
-            raise ConfigError(f"{origin}: {'.'.join(parts[:i])!r} is a value, not a section")
-        if part not in model.model_fields:
-            raise ConfigError(_unknown_key_message(".".join(parts[:i]), part, model, origin))
-        model = _section_type(model, part)
-
-
-def _check_keys(tree: Mapping[str, Any], model: type[BaseModel], prefix: str) -> None:
-    for key, value in tree.items():
-        if key not in model.model_fields:
-            raise ConfigError(_unknown_key_message(prefix, key, model, "config"))
-        sub = _section_type(model, key)
-        if sub is not None and isinstance(value, Mapping):
-            _check_keys(value, sub, f"{prefix}{key}.")
-
-
-def _section_type(model: type[BaseModel], field: str) -> type[BaseModel] | None:
-    ann = model.model_fields[field].annotation
-    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-
-
-def _unknown_key_message(prefix: str, key: str, model: type[BaseModel], origin: str) -> str:
-    where = prefix.rstrip(".")
-    full = f"{where}.{key}" if where else key
-    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
-    suggestion = (f"{where}.{close[0]}" if where else close[0]) if close else None
-    hint = f"did you mean {suggestion!r}? " if suggestion else ""
-    valid = ", ".join(model.model_fields)
-    return f"{origin}: unknown key {full!r}; {hint}valid keys here: {valid}"
-
-
-def _format_validation_error(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc or 'config'}: {msg} (got {err.get('input')!r})")
-    return "invalid config:\n  " + "\n  ".join(lines)
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
