@@ -5,9 +5,10 @@ Precedence, lowest first: field defaults, each `-c FILE` in order, the env vars 
 nearest valid name. Secrets never live here: they are read from the environment where used.
 """
 
-from verl_grpo.config.loader import ENV_KNOBS, load_config
+from verl_grpo.config.loader import DEFAULT_PROFILES, ENV_KNOBS, config_files, load_config
 from verl_grpo.config.schema import AlgorithmConfig, DatasetConfig, OrchestrationConfig, RunConfig, StorageConfig
 
 __all__ = [
-    "ENV_KNOBS", "AlgorithmConfig", "DatasetConfig", "OrchestrationConfig", "RunConfig", "StorageConfig", "load_config",
+    "DEFAULT_PROFILES", "ENV_KNOBS", "AlgorithmConfig", "DatasetConfig", "OrchestrationConfig", "RunConfig",
+    "StorageConfig", "config_files", "load_config",
 ]
