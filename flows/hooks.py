@@ -10,7 +10,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import State
 
 from verl_grpo import runs
-from verl_grpo.config import load_config
+from verl_grpo.config import config_files, load_config
 from verl_grpo.store import Store
 
 log = logging.getLogger("verl_grpo.flows")
@@ -19,7 +19,7 @@ log = logging.getLogger("verl_grpo.flows")
 def crashed_run_id(parameters: dict) -> tuple[str | None, Store]:
     """The verl-grpo run a flow run was working on: its run_id parameter (the flow sets it once resolved),
     else the unfinished run with the same config (what a re-run would resume)."""
-    cfg = load_config(parameters.get("config") or ["gsm8k"], parameters.get("overrides") or [])
+    cfg = load_config(config_files(parameters.get("config")), parameters.get("overrides") or [])
     store = Store.from_config(cfg.storage)
     return parameters.get("run_id") or runs.find_resumable(store, cfg), store
 

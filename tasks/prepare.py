@@ -1,16 +1,14 @@
 from __future__ import annotations
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.policy import RETRY_DELAYS_S, retry_on_infra_errors
+from tasks.policy import RETRIED_STEP
 from verl_grpo import pipeline
-from verl_grpo.config import RunConfig
+from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import DatasetVersion
 
 
-@task(name="prepare-data", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_infra_errors)
-def prepare_data(cfg: RunConfig) -> DatasetVersion:
+@task(name="prepare-data", **RETRIED_STEP)
+def prepare_data(run: ResolvedRun) -> DatasetVersion:
     """verl-format parquet in the store; content-hashed, so a repeat is a cache hit."""
-    return pipeline.prepare(cfg)
+    return pipeline.prepare(run.cfg)

@@ -7,9 +7,10 @@ import os
 from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
+from verl_grpo.chain import Outcome
 from verl_grpo.comparison import compare_to_base
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.contracts import EvalReport
 from verl_grpo.models import model_short_name
 from verl_grpo.store import Store
 from verl_grpo.summary import mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
@@ -54,10 +55,11 @@ def eval_table(report: EvalReport, base: EvalReport) -> list[dict]:
     return rows
 
 
-def publish_summary(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                    base: EvalReport, version: ModelVersion) -> dict:
+def publish_summary(outcome: Outcome) -> dict:
     """The run's outcome where a user looks first: artifacts on the flow run itself (called from the flow's
     body, not as a task, so they show under the flow run) and the same lines in the flow run's log."""
+    cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
+    report, base, version = outcome.report, outcome.base_report, outcome.version
     changes = compare_to_base(report, base, Store.from_config(cfg.storage))
     summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes)
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)

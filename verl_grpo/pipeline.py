@@ -1,25 +1,24 @@
 """The pipeline's steps as plain functions: each Prefect task in tasks/ wraps exactly one of these.
 
-Every step takes and returns small serialisable objects (configs, URIs, records) so a step can run in
-another process or be retried alone. `run_pipeline` chains them without Prefect (benchmarks, debugging).
+Every step takes the run as resolved once (`chain.ResolvedRun`) and small serialisable records, so a step can run
+in another process or be retried alone. The order of the steps is `chain.run_chain`'s; `PlainSteps` runs them
+as these functions, `run_pipeline` is the whole chain without Prefect (benchmarks, debugging).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from verl_grpo import runs
+from verl_grpo.chain import Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
-from verl_grpo.errors import InfraError, Preempted, error_class
+from verl_grpo.errors import Preempted, error_class
+from verl_grpo.layout import train_result
 from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
-from verl_grpo.layout import eval_report, train_result
 from verl_grpo.store import Store
 
 log = logging.getLogger(__name__)
@@ -72,16 +71,9 @@ def _numbers(pairs) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True)
-class ResolvedRun:
-    cfg: RunConfig
-    run_id: str
-    resumed: bool
-
-
 def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
             resume: bool = True) -> ResolvedRun:
-    """Load and validate the config, pick the run id, and store the run's resolved config."""
+    """Load and validate the config, pick the run id, and store the run's resolved config: once per run."""
     cfg = load_config(config_files, overrides)
     prepare_local_state(cfg)
     store = Store.from_config(cfg.storage)
@@ -107,14 +99,14 @@ def prepare(cfg: RunConfig) -> DatasetVersion:
     return prepare_dataset(cfg, Store.from_config(cfg.storage), tokenizer=tokenizer)
 
 
-def provision(cfg: RunConfig, run_id: str) -> Cluster:
+def provision(run: ResolvedRun) -> Cluster:
     from verl_grpo.providers import get_provider
 
-    return get_provider(cfg.infra.provider).up(cfg, run_id)
+    return get_provider(run.cfg.infra.provider).up(run.cfg, run.run_id)
 
 
-def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str,
-          on_line: LineSink | None = None, on_progress: ProgressSink | None = None) -> TrainResult:
+def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster, on_line: LineSink | None = None,
+          on_progress: ProgressSink | None = None) -> TrainResult:
     """Plan the backend's command, run it on the cluster, stream its log; resumes from the latest checkpoint.
 
     on_line gets every log line; on_progress gets a TrainProgress for every step line the trainer logs.
@@ -122,24 +114,22 @@ def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str
     Raises Preempted when the job's process or machines were taken away (a retry resumes), TrainingError
     when the training code failed.
     """
-    from verl_grpo.providers import get_provider
+    from verl_grpo.providers import follow_job, get_provider
     from verl_grpo.trainers import get_trainer
 
+    cfg, run_id = run.cfg, run.run_id
     store = Store.from_config(cfg.storage)
     runs.mark_training_started(store, run_id)
     spec = get_trainer(cfg.trainer.backend).plan(cfg, dataset, store, run_id, cluster)
     provider = get_provider(cfg.infra.provider)
-    job = provider.submit(cluster, spec)
     sink = on_line or log.info
-    try:
-        for line in provider.logs(job, follow=True):
-            sink(line)
-            if on_progress is not None and (progress := parse_progress(line, spec.total_steps)) is not None:
-                on_progress(progress)
-    except BaseException:
-        provider.cancel(job)
-        raise
-    state = provider.status(job)
+
+    def each_line(line: str) -> None:
+        sink(line)
+        if on_progress is not None and (progress := parse_progress(line, spec.total_steps)) is not None:
+            on_progress(progress)
+
+    state = follow_job(provider, provider.submit(cluster, spec), each_line)
     if state.phase == "SUCCEEDED":
         return TrainResult.model_validate_json(store.read_text(train_result(run_id)))
     if state.preempted:
@@ -147,135 +137,59 @@ def train(cfg: RunConfig, dataset: DatasetVersion, cluster: Cluster, run_id: str
     raise error_class(state.error_type)(f"run {run_id}: training failed ({state.phase}): {state.failure_reason}")
 
 
-def evaluate(cfg: RunConfig, model_uri: str, dataset: DatasetVersion, run_id: str,
-             progress: Callable[[int, int], None] | None = None, on_line: LineSink | None = None) -> EvalReport:
-    """Held-out evaluation of the trained model; the report is stored beside the run.
-
-    On the skypilot provider it runs on GPUs with vLLM as a SkyPilot task (its log lines go to on_line) and the
-    report is read back from the store; elsewhere transformers generate on this machine's CPU (progress).
-    Scoring and aggregation are the same code on both paths.
-    """
-    store = Store.from_config(cfg.storage)
-    if cfg.infra.provider == "skypilot":
-        from verl_grpo.providers import get_provider
-
-        provider = get_provider(cfg.infra.provider)
-        job = provider.submit_eval(cfg, run_id, model_uri, dataset)
-        try:
-            for line in provider.logs(job, follow=True):
-                (on_line or log.info)(line)
-        except BaseException:
-            provider.cancel(job)
-            raise
-        state = provider.status(job)  # raises the typed error of a failed job
-        if state.phase != "SUCCEEDED":
-            raise InfraError(f"run {run_id}: eval job {job.name} ended {state.phase} ({state.failure_reason}); "
-                             "retry the evaluate step")
-        return EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
-    from verl_grpo.evaluate import evaluate_model
-
-    report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress, **eval_options(cfg))
-    store.write_text(report.model_dump_json(indent=1), eval_report(run_id, report.split))
-    return report
-
-
-def evaluate_base(cfg: RunConfig, dataset: DatasetVersion,
-                  progress: Callable[[int, int], None] | None = None) -> EvalReport:
-    """The base model's eval on the same split and settings, cached across runs (nightly retrains reuse it)."""
-    from verl_grpo.evaluate import evaluate_cached
-    from verl_grpo.models import resolve_model
-
-    store = Store.from_config(cfg.storage)
-    return evaluate_cached(cfg, str(resolve_model(cfg.model.name)), dataset, store, progress=progress,
-                           **eval_options(cfg))
-
-
-def eval_options(cfg: RunConfig) -> dict:
-    return {"samples": cfg.eval.samples, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-            "threads": cfg.eval.threads}
-
-
-def register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
+def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
              base_report: EvalReport | None, tags: dict[str, str] | None = None) -> ModelVersion:
+    """MLflow run + registered model version (idempotent); the champion is re-evaluated first when tonight's eval
+    settings differ from its own."""
+    from verl_grpo.evaluate.held_out import evaluate_champion
     from verl_grpo.registry import champion_needs_reeval, register_run
 
+    cfg = run.cfg
     store = Store.from_config(cfg.storage)
     champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, report) else None
-    version = register_run(cfg, run_id=run_id, dataset=dataset, train=result, report=report,
+    version = register_run(cfg, run_id=run.run_id, dataset=dataset, train=result, report=report,
                            base_report=base_report, store=store, tags=tags or {},
                            promotion_p_value=cfg.tracking.promotion_p_value, champion_report=champion_report)
-    runs.mark_run(store, run_id, "completed", model_version=version.version, model_name=version.name)
+    runs.mark_run(store, run.run_id, "completed", model_version=version.version, model_name=version.name)
     return version
 
 
-def evaluate_champion(cfg: RunConfig, dataset: DatasetVersion) -> EvalReport:
-    """The current champion re-evaluated with tonight's settings (cached), so a settings change never blocks promotion."""
-    import tempfile
-
-    from verl_grpo.evaluate import evaluate_cached
-    from verl_grpo.registry import download_version
-
-    with tempfile.TemporaryDirectory(prefix="champion-") as dst:
-        model_dir = download_version(cfg.tracking.mlflow_uri, cfg.registered_model_name, "champion", Path(dst))
-        # Cached by the model files' content hash, so a later night with the same champion skips generation.
-        return evaluate_cached(cfg, str(model_dir), dataset, Store.from_config(cfg.storage), **eval_options(cfg))
-
-
-def teardown(cfg: RunConfig, cluster: Cluster) -> None:
+def teardown(run: ResolvedRun, cluster: Cluster) -> None:
     from verl_grpo.providers import get_provider
 
-    get_provider(cfg.infra.provider).down(cluster)
+    get_provider(run.cfg.infra.provider).down(cluster)
 
 
-def mark_failed(cfg: RunConfig, run_id: str, error: BaseException) -> None:
-    runs.mark_run(Store.from_config(cfg.storage), run_id, "failed", error=f"{type(error).__name__}: {error}")
+@dataclass
+class PlainSteps:
+    """The chain's steps as the functions above, one after another in this process (evals not sharded)."""
 
+    on_line: LineSink | None = None
 
-@dataclass(frozen=True)
-class PipelineOutcome:
-    run_id: str
-    dataset: DatasetVersion
-    train: TrainResult
-    report: EvalReport
-    base_report: EvalReport
-    version: ModelVersion
-    seconds: float
+    def prepare(self, run: ResolvedRun) -> DatasetVersion:
+        return prepare(run.cfg)
 
-    def summary(self) -> dict:
-        return {
-            "run_id": self.run_id,
-            "dataset_hash": self.dataset.hash,
-            "steps": self.train.final_step,
-            "accuracy": self.report.metrics.get("accuracy"),
-            "base_accuracy": self.base_report.metrics.get("accuracy"),
-            "model": f"{self.version.name} v{self.version.version}",
-            "aliases": self.version.aliases,
-            "decision": self.version.decision,
-            "checkpoint": self.train.checkpoint.uri if self.train.checkpoint else None,
-            "seconds": round(self.seconds, 1),
-        }
+    def provision(self, run: ResolvedRun) -> Cluster:
+        return provision(run)
+
+    def train(self, run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult:
+        return train(run, dataset, cluster, on_line=self.on_line)
+
+    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> tuple[EvalReport, EvalReport]:
+        from verl_grpo.evaluate.held_out import evaluate_base, evaluate_trained
+
+        return (evaluate_base(run.cfg, dataset),
+                evaluate_trained(run.cfg, dataset, run.run_id, result.model_uri, on_line=self.on_line))
+
+    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
+                 base_report: EvalReport) -> ModelVersion:
+        return register(run, dataset, result, report, base_report)
+
+    def teardown(self, run: ResolvedRun, cluster: Cluster) -> None:
+        teardown(run, cluster)
 
 
 def run_pipeline(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
-                 on_line: LineSink | None = None) -> PipelineOutcome:
-    """The whole pipeline in plain Python (the Prefect flow is the same chain with tasks around each step)."""
-    start = time.monotonic()
-    run = resolve(config_files, overrides, run_id)
-    cfg = run.cfg
-    dataset = prepare(cfg)
-    cluster = provision(cfg, run.run_id)
-    try:
-        result = train(cfg, dataset, cluster, run.run_id, on_line=on_line)
-        base = evaluate_base(cfg, dataset)
-        report = evaluate(cfg, result.model_uri, dataset, run.run_id)
-        version = register(cfg, run.run_id, dataset, result, report, base)
-    except BaseException as e:
-        mark_failed(cfg, run.run_id, e)
-        raise
-    finally:
-        teardown(cfg, cluster)
-    return PipelineOutcome(run.run_id, dataset, result, report, base, version, time.monotonic() - start)
-
-
-def describe(outcome: PipelineOutcome) -> str:
-    return json.dumps(outcome.summary(), indent=1)
+                 on_line: LineSink | None = None) -> Outcome:
+    """The whole pipeline in plain Python: the Prefect flow's chain with plain functions for tasks."""
+    return run_chain(resolve(config_files, overrides, run_id), PlainSteps(on_line))

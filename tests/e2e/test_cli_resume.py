@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _cli(overrides: list[str], env: dict, log: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "verl_grpo.cli", "run", "-c", "gsm8k"]
+    args = [sys.executable, "-m", "cli", "run", "-c", "gsm8k"]
     for o in overrides:
         args += ["-o", o]
     return subprocess.Popen(args, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)

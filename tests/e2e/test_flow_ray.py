@@ -17,8 +17,8 @@ from verl_grpo.config import OrchestrationConfig, load_config
 from verl_grpo.contracts import EvalReport
 from verl_grpo.evaluate import evaluate_model
 from verl_grpo.models import resolve_model
-from verl_grpo.pipeline import eval_options, prepare
-from verl_grpo.layout import eval_table
+from verl_grpo.pipeline import prepare
+from verl_grpo.layout import eval_report
 from verl_grpo.store import Store
 
 pytestmark = pytest.mark.e2e
@@ -43,13 +43,12 @@ def check_sharded_flow_equals_unsharded_evals(overrides: list[str]) -> None:
     dataset = prepare(cfg)  # content-hashed: the flow's dataset version, found again
     assert summary["dataset"] == f"{dataset.name}@{dataset.hash}"
     base = evaluate_model(cfg, str(resolve_model(cfg.model.name)), dataset, store, out_rel="check/base.parquet",
-                          progress=lambda *_: None, **eval_options(cfg))
+                          progress=lambda *_: None)
     trained = evaluate_model(cfg, summary["model_uri"], dataset, store, out_rel="check/trained.parquet",
-                             progress=lambda *_: None, **eval_options(cfg))
+                             progress=lambda *_: None)
 
     assert (summary["accuracy"], summary["base_accuracy"]) == (trained.metrics["accuracy"], base.metrics["accuracy"])
-    flow_trained = EvalReport.model_validate_json(store.read_text(eval_table(summary["run_id"], "test")
-                                                                  .removesuffix(".parquet") + ".json"))
+    flow_trained = EvalReport.model_validate_json(store.read_text(eval_report(summary["run_id"], "test")))
     assert (flow_trained.metrics, flow_trained.settings_key) == (trained.metrics, trained.settings_key)
     pd.testing.assert_frame_equal(_table(store, flow_trained.table_uri), _table(store, trained.table_uri))
     [cached_base] = [rel for rel in _files(store, "eval-cache") if rel.endswith(".parquet")]

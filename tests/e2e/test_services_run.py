@@ -30,7 +30,7 @@ def test_reward_server_scores_training_and_services_stop(tiny_overrides, tmp_pat
     outcome = pipeline.run_pipeline(["gsm8k"], overrides, on_line=lines.append)
 
     assert "rewards: scored by the reward-server" in lines
-    services = state_dir() / "work" / outcome.run_id / "services"
+    services = state_dir() / "work" / outcome.run.run_id / "services"
     reward_log = (services / "reward-server.log").read_text()
     assert reward_log.count("POST /batch_reward") >= outcome.train.final_step  # one request per training step
     assert "/health" in (services / "retrieval-server.log").read_text()

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from verl_grpo.cli import main
+from cli.main import main
 
 COMMANDS = ["run", "prepare", "train", "evaluate", "register", "validate", "score", "launch", "models"]
 

@@ -126,13 +126,14 @@ def test_batched_generation_matches_one_at_a_time(prepared, memorized_model):
 
 def test_near_greedy_sampling_gives_pass_and_majority_at_k(prepared, memorized_model):
     cfg, store, dataset = prepared
-    report = evaluate_model(cfg, str(memorized_model), dataset, store, out_rel="t/sampled.parquet", samples=4,
-                            temperature=0.01, progress=lambda *_: None)
+    sampled_cfg = eval_cfg(store.uri, samples=4, temperature=0.01)
+    report = evaluate_model(sampled_cfg, str(memorized_model), dataset, store, out_rel="t/sampled.parquet",
+                            progress=lambda *_: None)
     assert {k: report.metrics[k] for k in ("pass@1", "pass@2", "pass@4", "maj@4")} == dict.fromkeys(
         ("pass@1", "pass@2", "pass@4", "maj@4"), 1.0)
     assert read_table(store, report.table_uri)["sampled_correct"].tolist() == [4] * LIMIT
     plain = plan_eval(cfg, dataset, store)
-    assert plan_eval(cfg, dataset, store, samples=4, temperature=0.01).settings_key != plain.settings_key
+    assert plan_eval(sampled_cfg, dataset, store).settings_key != plain.settings_key
 
 
 def test_cached_eval_is_reused_without_generating(prepared, tiny_model_dir, monkeypatch):

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from verl_grpo import pipeline
+from verl_grpo.chain import ResolvedRun
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainResult
+from verl_grpo.evaluate import held_out
+from verl_grpo.layout import run_metrics
 
 
 @pytest.fixture
@@ -20,10 +23,10 @@ def _register_tiny_as_run(overrides, run_id, tiny_model_dir):
     cfg = load_config(["gsm8k"], overrides)
     dataset = pipeline.prepare(cfg)
     result = TrainResult(run_id=run_id, final_step=1, checkpoint=None, model_uri=str(tiny_model_dir),
-                         metrics_uri=f"{cfg.storage.uri}/runs/{run_id}/metrics.jsonl")
-    report = pipeline.evaluate(cfg, str(tiny_model_dir), dataset, run_id)
-    base = pipeline.evaluate_base(cfg, dataset)
-    return cfg, report, pipeline.register(cfg, run_id, dataset, result, report, base)
+                         metrics_uri=f"{cfg.storage.uri}/{run_metrics(run_id)}")
+    report = held_out.evaluate_trained(cfg, dataset, run_id, str(tiny_model_dir))
+    base = held_out.evaluate_base(cfg, dataset)
+    return cfg, report, pipeline.register(ResolvedRun(cfg, run_id, resumed=False), dataset, result, report, base)
 
 
 def test_champion_with_other_eval_settings_is_reevaluated(base_overrides, tiny_model_dir, monkeypatch):
@@ -31,8 +34,8 @@ def test_champion_with_other_eval_settings_is_reevaluated(base_overrides, tiny_m
     assert "champion" in first.aliases and "first model" in first.decision
 
     calls = []
-    real = pipeline.evaluate_champion
-    monkeypatch.setattr(pipeline, "evaluate_champion", lambda cfg, ds: calls.append(1) or real(cfg, ds))
+    real = held_out.evaluate_champion
+    monkeypatch.setattr(held_out, "evaluate_champion", lambda cfg, ds: calls.append(1) or real(cfg, ds))
     cfg, report, second = _register_tiny_as_run([*base_overrides, "eval.limit=6"], "run-b", tiny_model_dir)
     assert calls == [1]
     # Same weights on both sides: compared on equal terms, the champion stays for lack of evidence.
@@ -44,7 +47,7 @@ def test_models_cli_and_charts(base_overrides, tiny_model_dir, tmp_path):
     from click.testing import CliRunner
     from mlflow import MlflowClient
 
-    from verl_grpo.cli import main
+    from cli.main import main
 
     cfg, _, version = _register_tiny_as_run([*base_overrides, "eval.limit=4"], "run-a", tiny_model_dir)
     args = [a for o in base_overrides for a in ("-o", o)]

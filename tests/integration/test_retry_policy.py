@@ -74,6 +74,7 @@ def test_the_train_task_retries_a_preempted_training_and_not_a_failed_one(monkey
     """The real `train` task (its retry settings, delays set to 0) around a stand-in for pipeline.train."""
     from tasks import train as train_module
     from verl_grpo import pipeline
+    from verl_grpo.chain import ResolvedRun
     from verl_grpo.config import load_config
     from verl_grpo.contracts import Cluster, DatasetVersion
 
@@ -96,7 +97,7 @@ def test_the_train_task_retries_a_preempted_training_and_not_a_failed_one(monkey
 
     @flow(persist_result=False)
     def train_flow() -> TrainResult:
-        return train_task(cfg, dataset, cluster, "r")
+        return train_task(ResolvedRun(cfg, "r", resumed=False), dataset, cluster)
 
     outcomes[:] = [Preempted("killed by SIGKILL"), None]
     state = train_flow(return_state=True)

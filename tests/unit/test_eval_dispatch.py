@@ -17,11 +17,10 @@ import yaml
 from test_skypilot_provider import FakeCluster, FakeSky
 from test_vllm_runner import FakeLLM, fake_vllm, write_dataset  # noqa: F401 - fake_vllm is a fixture
 
-from verl_grpo import pipeline
 from verl_grpo.config import load_config
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, TrainingError
-from verl_grpo.evaluate import vllm_runner
+from verl_grpo.evaluate import held_out, vllm_runner
 from verl_grpo.providers.skypilot import provider as sky_provider
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.boundary import JobRecord
@@ -130,11 +129,11 @@ def test_skypilot_evaluate_launches_the_vllm_task_and_reads_its_report_from_the_
     store, dataset, model_uri = on_s3
     sky = ClusterPlayingSky(monkeypatch)
     _use(monkeypatch, sky)
-    monkeypatch.setattr("verl_grpo.evaluate.evaluate_model", _no_cpu_eval)
+    monkeypatch.setattr("verl_grpo.evaluate.held_out.evaluate_model", _no_cpu_eval)
     cfg = _cfg("verl.rollout_tp=2", uri=store.uri, endpoint=store.endpoint_url)
     lines = []
 
-    report = pipeline.evaluate(cfg, model_uri, dataset, "run-1", on_line=lines.append)
+    report = held_out.evaluate_trained(cfg, dataset, "run-1", model_uri, on_line=lines.append)
 
     (yaml_str, name, secrets, job_group), = sky.launched
     assert (name, job_group) == ("verl-grpo-run-1-eval", False)
@@ -156,7 +155,7 @@ def test_failed_eval_job_is_a_training_error(on_s3, monkeypatch):
     cfg = _cfg(uri=store.uri, endpoint=store.endpoint_url)
     missing_model = store.url("runs/no-such-run/model")
     with pytest.raises(TrainingError, match="verl-grpo-run-1-eval"):
-        pipeline.evaluate(cfg, missing_model, dataset, "run-1", on_line=lambda _: None)
+        held_out.evaluate_trained(cfg, dataset, "run-1", missing_model, on_line=lambda _: None)
 
 
 def test_eval_on_an_unreachable_store_or_local_model_fails_before_launch(monkeypatch, tmp_path, tiny_model_dir):
@@ -164,9 +163,9 @@ def test_eval_on_an_unreachable_store_or_local_model_fails_before_launch(monkeyp
     _use(monkeypatch, sky)
     dataset = _dataset("s3://bucket/store")
     with pytest.raises(ConfigError, match="storage.uri"):
-        pipeline.evaluate(_cfg(uri=f"file://{tmp_path}"), "s3://bucket/store/runs/run-1/model", dataset, "run-1")
+        held_out.evaluate_trained(_cfg(uri=f"file://{tmp_path}"), dataset, "run-1", "s3://bucket/store/runs/run-1/model")
     with pytest.raises(ConfigError, match="out of the eval task's reach"):
-        pipeline.evaluate(_cfg(), str(tiny_model_dir), dataset, "run-1")
+        held_out.evaluate_trained(_cfg(), dataset, "run-1", str(tiny_model_dir))
     assert sky.launched == []
 
 
@@ -188,7 +187,7 @@ def test_interrupted_eval_is_cancelled(monkeypatch):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        pipeline.evaluate(_cfg(), "s3://bucket/store/runs/run-1/model", _dataset("s3://bucket/store"), "run-1",
+        held_out.evaluate_trained(_cfg(), _dataset("s3://bucket/store"), "run-1", "s3://bucket/store/runs/run-1/model",
                           on_line=interrupt)
     assert sky.cancelled == [1]
 
@@ -206,7 +205,7 @@ def test_existing_cluster_runs_the_eval_with_sky_exec(monkeypatch):
     assert provider.status(job).phase == "SUCCEEDED"
 
 
-def test_local_provider_evaluates_on_cpu_without_skypilot(monkeypatch, tmp_path):
+def test_local_provider_evaluates_on_this_machine_without_a_job(monkeypatch, tmp_path):
     calls = []
     report = EvalReport(model_uri="m", split="test", n=1, metrics={"accuracy": 1.0}, table_uri="t", settings_key="k")
 
@@ -214,13 +213,9 @@ def test_local_provider_evaluates_on_cpu_without_skypilot(monkeypatch, tmp_path)
         calls.append((model_uri, kwargs["run_id"]))
         return report
 
-    def no_provider(name):
-        raise AssertionError("the CPU path must not reach a provider")
-
-    monkeypatch.setattr("verl_grpo.evaluate.evaluate_model", cpu_eval)
-    monkeypatch.setattr("verl_grpo.providers.get_provider", no_provider)
+    monkeypatch.setattr("verl_grpo.evaluate.held_out.evaluate_model", cpu_eval)
     cfg = load_config([], [f"storage.uri=file://{tmp_path}"])
-    assert pipeline.evaluate(cfg, "m", _dataset(f"file://{tmp_path}"), "run-1") == report
+    assert held_out.evaluate_trained(cfg, _dataset(f"file://{tmp_path}"), "run-1", "m") == report
     assert calls == [("m", "run-1")]
     assert EvalReport.model_validate_json((tmp_path / "runs/run-1/eval/test.json").read_text()) == report
 

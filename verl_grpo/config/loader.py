@@ -36,13 +36,13 @@ DEFAULT_PROFILES: tuple[str, ...] = ("gsm8k",)
 """The shipped profiles of a run that names no config file (what the CLI without `-c` and the flow default to)."""
 
 
-def config_files(configs: Sequence[str]) -> list[str]:
+def config_files(configs: Sequence[str] | None) -> list[str]:
     """The config files or profiles to load: those given, or DEFAULT_PROFILES when none are.
 
     load_config itself takes an empty list as "field defaults only"; callers that mean "the default run" pass
     their files through this first.
     """
-    return list(configs) or list(DEFAULT_PROFILES)
+    return list(configs or ()) or list(DEFAULT_PROFILES)
 
 
 def load_config(

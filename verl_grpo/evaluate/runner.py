@@ -62,18 +62,9 @@ class EvalShard:
     sampled: list[list[Generation]] | None = None
 
 
-def plan_eval(
-    cfg: RunConfig,
-    dataset: DatasetVersion,
-    store: Store,
-    *,
-    samples: int = 0,
-    temperature: float | None = None,
-    top_p: float | None = None,
-) -> EvalPlan:
-    """Load the split, pick the seeded subset and fix generation settings (no model involved)."""
-    if samples < 0:
-        raise ConfigError(f"eval samples must be >= 0 (0 disables pass@k/maj@k), got {samples}")
+def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store) -> EvalPlan:
+    """Load the split, pick the seeded subset and fix generation settings from cfg.eval (no model involved)."""
+    samples, temperature, top_p = cfg.eval.samples, cfg.eval.temperature, cfg.eval.top_p
     split = cfg.eval.split
     frame = load_split_frame(dataset, split, store)
     problems = to_problems(frame, select_subset(len(frame), cfg.eval.limit, cfg.eval.seed))
@@ -105,10 +96,6 @@ def evaluate_model(
     out_rel: str | None = None,
     run_id: str | None = None,
     progress: Progress | None = None,
-    samples: int = 0,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    threads: int | None = None,
     scorer: Scorer | None = None,
     shards: Sequence[EvalShard] | None = None,
 ) -> EvalReport:
@@ -116,16 +103,15 @@ def evaluate_model(
 
     The per-problem table goes to `out_rel` (relative to the store root), by default
     `runs/{run_id}/eval/{split}.parquet` (run_id given, or read off a `runs/{run_id}/model` URI).
-    `threads` caps torch CPU threads while generating (default: trainer.threads, else torch's default).
     `shards`: the responses of every shard (`evaluate_shard` 0..eval.shards-1); given, nothing is generated here.
     """
-    plan = plan_eval(cfg, dataset, store, samples=samples, temperature=temperature, top_p=top_p)
+    plan = plan_eval(cfg, dataset, store)
     if out_rel is None:
         out_rel = eval_table(run_id, plan.split) if run_id else _default_table(model_uri_or_path, store, plan.split)
     if shards is not None:
         return finish_eval(plan, model_uri_or_path, shards, store, out_rel, scorer=scorer)
     model_dir = resolve_model_dir(model_uri_or_path, store)
-    generator = _load_generator(cfg, model_dir, threads)
+    generator = _load_generator(cfg, model_dir)
     return run_eval(plan, model_uri_or_path, generator, store, out_rel, progress=progress, scorer=scorer)
 
 
@@ -136,10 +122,6 @@ def evaluate_cached(
     store: Store,
     *,
     progress: Progress | None = None,
-    samples: int = 0,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    threads: int | None = None,
     scorer: Scorer | None = None,
     shards: Sequence[EvalShard | None] | None = None,
 ) -> EvalReport:
@@ -149,7 +131,7 @@ def evaluate_cached(
     `shards`: the responses of every shard (`evaluate_shard(..., cached=True)`, None where the cache already
     held the result); given, nothing is generated here.
     """
-    plan = plan_eval(cfg, dataset, store, samples=samples, temperature=temperature, top_p=top_p)
+    plan = plan_eval(cfg, dataset, store)
     model_dir = resolve_model_dir(model_uri_or_path, store)
     table_rel, report_rel = _cache_entry(model_uri_or_path, model_dir, plan)
     if cached := _read_cached(store, table_rel, report_rel):
@@ -161,7 +143,7 @@ def evaluate_cached(
         report = finish_eval(plan, model_uri_or_path, [s for s in shards if s is not None], store, table_rel,
                              scorer=scorer)
     else:
-        generator = _load_generator(cfg, model_dir, threads)
+        generator = _load_generator(cfg, model_dir)
         report = run_eval(plan, model_uri_or_path, generator, store, table_rel, progress=progress, scorer=scorer)
     store.write_text(report.model_dump_json(indent=2), report_rel)
     return report
@@ -176,21 +158,17 @@ def evaluate_shard(
     *,
     cached: bool = False,
     progress: Progress | None = None,
-    samples: int = 0,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    threads: int | None = None,
 ) -> EvalShard | None:
     """Responses of shard `shard` of cfg.eval.shards (whole generation batches; see shard_positions).
 
     Pass all shards' results to evaluate_model / evaluate_cached (`shards=`) to score them. With `cached`
     (models evaluated through evaluate_cached) it returns None, generating nothing, when the cache holds the result.
     """
-    plan = plan_eval(cfg, dataset, store, samples=samples, temperature=temperature, top_p=top_p)
+    plan = plan_eval(cfg, dataset, store)
     model_dir = resolve_model_dir(model_uri_or_path, store)
     if cached and _read_cached(store, *_cache_entry(model_uri_or_path, model_dir, plan)):
         return None
-    generator = _load_generator(cfg, model_dir, threads)
+    generator = _load_generator(cfg, model_dir)
     return generate_shard(plan, generator, shard, cfg.eval.shards, progress)
 
 
@@ -339,9 +317,10 @@ def _progress_reporter(progress: Progress | None, total: int) -> tuple[Callable[
     return (lambda done: bar.update(done - bar.n)), bar.close
 
 
-def _load_generator(cfg: RunConfig, model_dir: Path, threads: int | None) -> HFGenerator:
+def _load_generator(cfg: RunConfig, model_dir: Path) -> HFGenerator:
+    """The model on this machine's CPU, capped at eval.threads torch threads (default trainer.threads)."""
     with _MODEL_LOAD:
-        return HFGenerator(model_dir, cfg.model.dtype, threads or cfg.trainer.threads)
+        return HFGenerator(model_dir, cfg.model.dtype, cfg.eval.threads or cfg.trainer.threads)
 
 
 def _prompt_lengths(generator: Generator, prompts: Sequence[str]) -> list[int]:

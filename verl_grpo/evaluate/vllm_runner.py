@@ -161,8 +161,7 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
     """Download the model, generate with vLLM, score like the CPU path, write table and report to the store."""
     cfg = spec.run_config()
     store = Store.from_config(cfg.storage)
-    plan = plan_eval(cfg, spec.dataset, store, samples=cfg.eval.samples, temperature=cfg.eval.temperature,
-                     top_p=cfg.eval.top_p)
+    plan = plan_eval(cfg, spec.dataset, store)
     model_dir = resolve_model_dir(spec.model_uri, store)
     generator = VLLMGenerator(model_dir, cfg.model.dtype, spec.tensor_parallel_size, spec.gpu_memory_utilization,
                               seed=cfg.eval.seed)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from verl_grpo.plugins import load_named
-from verl_grpo.providers.base import Provider
+from verl_grpo.providers.base import Provider, follow_job
+
+__all__ = ["PROVIDERS", "Provider", "follow_job", "get_provider"]
 
 PROVIDERS: dict[str, str] = {
     "local": "verl_grpo.providers.local:LocalProvider",

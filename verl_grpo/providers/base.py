@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
+from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpec
+
+log = logging.getLogger(__name__)
 
 
 class Provider(Protocol):
     name: str
+    evaluates_on_cluster: bool
+    """True: a run's trained model is evaluated by a job on this provider (`submit_eval`); False: on this machine."""
 
     def up(self, cfg: RunConfig, run_id: str) -> Cluster:
         """Bring up (or reuse) the compute for a run."""
 
     def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:
         """Start the training job described by spec; reattach if a job of the same name is alive."""
+
+    def submit_eval(self, cfg: RunConfig, run_id: str, model_uri: str, dataset: DatasetVersion) -> Job:
+        """Start (or reattach to) the held-out eval of a run's trained model; only where evaluates_on_cluster.
+        The job writes the run's EvalReport to the store."""
 
     def status(self, job: Job) -> JobState:
         """Current phase of the job (non-blocking)."""
@@ -29,3 +38,16 @@ class Provider(Protocol):
 
     def down(self, cluster: Cluster) -> None:
         """Release the compute; idempotent and safe after a crash."""
+
+
+def follow_job(provider: Provider, job: Job, on_line: Callable[[str], None] | None = None) -> JobState:
+    """Stream a job's log to on_line (default: this module's logger) until it ends, then its final state; the job
+    is cancelled if following it fails or is interrupted (a retry then starts or reattaches to a clean one)."""
+    sink = on_line or log.info
+    try:
+        for line in provider.logs(job, follow=True):
+            sink(line)
+    except BaseException:
+        provider.cancel(job)
+        raise
+    return provider.status(job)

@@ -27,6 +27,7 @@ _TAIL_LINES = 30
 
 class LocalProvider:
     name = "local"
+    evaluates_on_cluster = False  # transformers generate on this machine
 
     def __init__(self, root: Path | None = None, cancel_grace_s: float = 30.0):
         self.root = Path(root) if root else state_dir() / "work"

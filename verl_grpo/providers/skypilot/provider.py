@@ -54,6 +54,7 @@ class SkyPilotProvider:
     """Provider `skypilot`: managed jobs on cloud GPUs, recovered by SkyPilot after spot preemptions."""
 
     name = NAME
+    evaluates_on_cluster = True  # vLLM on the cluster's GPUs, one SkyPilot task per eval
 
     def __init__(self, boundary: ModuleType | None = None, env: Mapping[str, str] | None = None):
         self.sky = boundary or _default_boundary()

@@ -1,4 +1,8 @@
-"""`verl-grpo` command line: run the whole flow, or one step at a time."""
+"""`verl-grpo` command line: run the whole flow, or one step at a time.
+
+It lives outside the domain package because `run` and `launch` start the Prefect flow; the partial commands run
+the same chain (verl_grpo.chain) with plain functions for steps.
+"""
 
 from __future__ import annotations
 
@@ -38,15 +42,12 @@ def _user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def _configs(configs: tuple[str, ...]) -> list[str]:
-    return list(configs) or ["gsm8k"]
-
-
 def _load(configs: tuple[str, ...], overrides: tuple[str, ...]):
-    from verl_grpo.config import load_config
+    """The config, checked before anything starts; the local directories it names exist afterwards."""
+    from verl_grpo.config import config_files, load_config
     from verl_grpo.pipeline import prepare_local_state
 
-    cfg = load_config(_configs(configs), list(overrides))
+    cfg = load_config(config_files(configs), list(overrides))
     prepare_local_state(cfg)
     return cfg
 
@@ -82,7 +83,7 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
     use_local_prefect()  # before Prefect is imported: it reads its settings then
     from flows.verl_grpo import verl_grpo
 
-    summary = verl_grpo(config=_configs(configs), overrides=list(overrides), run_id=run_id)
+    summary = verl_grpo(config=list(configs), overrides=list(overrides), run_id=run_id)
     _print_where_to_look(summary, cfg)
 
 
@@ -148,38 +149,31 @@ def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str |
 def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None) -> None:
     """Prepare (cached), provision, train and tear down, without Prefect; prints the TrainResult."""
     from verl_grpo import pipeline
+    from verl_grpo.chain import run_chain
+    from verl_grpo.config import config_files
 
-    run = pipeline.resolve(_configs(configs), list(overrides), run_id)
-    dataset = pipeline.prepare(run.cfg)
-    cluster = pipeline.provision(run.cfg, run.run_id)
-    try:
-        result = pipeline.train(run.cfg, dataset, cluster, run.run_id, on_line=click.echo)
-    finally:
-        pipeline.teardown(run.cfg, cluster)
-    click.echo(result.model_dump_json(indent=1))
+    run = pipeline.resolve(config_files(configs), list(overrides), run_id)
+    outcome = run_chain(run, pipeline.PlainSteps(on_line=click.echo), through="train")
+    click.echo(outcome.train.model_dump_json(indent=1))
 
 
 @main.command()
 @_config_options
-@click.option("--model", "model_uri", default=None, help="Model dir or store URI to evaluate (default: the base model).")
+@click.option("--model", "model_uri", default=None,
+              help="Model dir, store URI or model name to evaluate through the eval cache (default: the base model).")
 @click.option("--run-id", default=None, help="Evaluate this run's final model.")
 @_user_errors
 def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: str | None, run_id: str | None) -> None:
     """Held-out evaluation; prints the metrics."""
     from verl_grpo import pipeline
+    from verl_grpo.evaluate import held_out
 
     cfg = _load(configs, overrides)
     dataset = pipeline.prepare(cfg)
     if run_id:
-        result = _stored_train_result(cfg, run_id)
-        report = pipeline.evaluate(cfg, model_uri or result.model_uri, dataset, run_id)
-    elif model_uri:
-        from verl_grpo.evaluate import evaluate_model
-        from verl_grpo.store import Store
-
-        report = evaluate_model(cfg, model_uri, dataset, Store.from_config(cfg.storage))
+        report = held_out.evaluate_trained(cfg, dataset, run_id, model_uri or _stored_train_result(cfg, run_id).model_uri)
     else:
-        report = pipeline.evaluate_base(cfg, dataset)
+        report = held_out.evaluate_cached_model(cfg, dataset, model_uri)
     _echo_json(report.model_dump())
 
 
@@ -190,7 +184,9 @@ def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: st
 def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) -> None:
     """Register a trained, evaluated run in MLflow (idempotent); prints the model version."""
     from verl_grpo import pipeline
+    from verl_grpo.chain import ResolvedRun
     from verl_grpo.contracts import EvalReport
+    from verl_grpo.evaluate.held_out import evaluate_base
     from verl_grpo.layout import eval_report
     from verl_grpo.store import Store
 
@@ -202,8 +198,8 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
         report = EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
     except FileNotFoundError:
         raise ConfigError(f"run {run_id} has no eval report for split {cfg.eval.split}; run `verl-grpo evaluate --run-id {run_id}` first") from None
-    base = pipeline.evaluate_base(cfg, dataset)
-    version = pipeline.register(cfg, run_id, dataset, result, report, base)
+    base = evaluate_base(cfg, dataset)
+    version = pipeline.register(ResolvedRun(cfg, run_id, resumed=True), dataset, result, report, base)
     _echo_json(version.model_dump())
 
 
@@ -244,7 +240,7 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
     use_local_prefect()  # before Prefect is imported: it reads its settings then
     from flows.verl_grpo import verl_grpo
 
-    summary = verl_grpo(config=_configs(configs), overrides=list(overrides))
+    summary = verl_grpo(config=list(configs), overrides=list(overrides))
     _print_where_to_look(summary, cfg)
 
 

@@ -1,0 +1,51 @@
+"""The chain's steps (verl_grpo.chain.Steps) as Prefect tasks: retries, logs and artifacts per step, and the two
+evals running concurrently on the run's task runner."""
+
+from __future__ import annotations
+
+from prefect.runtime import flow_run
+
+from flows.task_runners import task_runner
+from tasks.evaluate import submit_eval
+from tasks.prepare import prepare_data
+from tasks.provision import provision, teardown
+from tasks.register import register
+from tasks.train import train
+from verl_grpo.chain import ResolvedRun
+from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.evaluate.held_out import RunModel
+
+
+class PrefectSteps:
+    def prepare(self, run: ResolvedRun) -> DatasetVersion:
+        return prepare_data(run)
+
+    def provision(self, run: ResolvedRun) -> Cluster:
+        return provision(run)
+
+    def train(self, run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult:
+        return train(run, dataset, cluster)
+
+    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> tuple[EvalReport, EvalReport]:
+        """Base (cached across runs) and trained model at once, on threads or Ray workers (local or a cluster)."""
+        with task_runner(run.cfg.orchestration) as runner:
+            base = submit_eval(runner, run, dataset)
+            trained = submit_eval(runner, run, dataset, RunModel(run.run_id, result.model_uri))
+            return base.result(), trained.result()
+
+    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
+                 base_report: EvalReport) -> ModelVersion:
+        return register(run, dataset, result, report, base_report, tracking_tags(run))
+
+    def teardown(self, run: ResolvedRun, cluster: Cluster) -> None:
+        teardown(run, cluster)
+
+
+def tracking_tags(run: ResolvedRun) -> dict[str, str]:
+    """Prefect provenance for the MLflow run (the git source is recorded by the registry itself); the flow labels
+    its run with the run id as name (flows.verl_grpo.label_flow_run)."""
+    return {
+        "prefect.flow_run_id": str(flow_run.id or ""),
+        "prefect.flow_run_url": str(flow_run.ui_url or ""),
+        "prefect.flow_run_name": run.run_id if flow_run.id else "",
+    }

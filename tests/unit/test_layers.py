@@ -1,0 +1,21 @@
+"""The layering the code relies on: the domain package never reaches up into Prefect, the flows, tasks or CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+IMPORT_EVERY_DOMAIN_MODULE = """
+import importlib, pkgutil, sys
+import verl_grpo
+for module in pkgutil.walk_packages(verl_grpo.__path__, "verl_grpo."):
+    importlib.import_module(module.name)
+upper = sorted(m for m in sys.modules if m.split(".")[0] in {"prefect", "flows", "tasks", "cli"})
+assert not upper, f"importing verl_grpo loaded {upper}"
+"""
+
+
+def test_every_domain_module_imports_without_prefect_or_the_layers_above():
+    done = subprocess.run([sys.executable, "-c", IMPORT_EVERY_DOMAIN_MODULE], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

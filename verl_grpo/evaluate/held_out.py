@@ -1,0 +1,133 @@
+"""Held-out evaluation as the pipeline asks for it: one entry point per question, every setting read from the config.
+
+- `evaluate_trained`: how good is a run's trained model? The report is stored beside the run. A provider that
+  evaluates on its own cluster (`Provider.evaluates_on_cluster`: vLLM on GPUs) runs it as a job there and the
+  report is read back from the store; otherwise transformers generate on this machine.
+- `evaluate_base`: how good was the model before training? Through the eval cache, so nightly retrains reuse it;
+  `evaluate_cached_model` asks the same of any model directory, store URI or name.
+- `evaluate_champion`: how good is the registered champion under tonight's settings? Also through the cache.
+- `shard_count`, `generate_shard`, `score_shards`: the trained or base model's eval split over eval.shards tasks
+  that run concurrently; `score_shards` gives exactly the report one unsharded call gives.
+
+Scoring and aggregation are the same code (runner.py) on every path.
+
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import DatasetVersion, EvalReport
+from verl_grpo.errors import InfraError
+from verl_grpo.evaluate.runner import (
+    EvalShard,
+    Progress,
+    evaluate_cached,
+    evaluate_model,
+    evaluate_shard,
+    write_run_report,
+)
+from verl_grpo.layout import eval_report
+from verl_grpo.store import Store
+
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """A run's trained model: what a sharded eval of the trained model names (None names the base model)."""
+
+    run_id: str
+    model_uri: str
+
+
+def evaluate_trained(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model_uri: str, *,
+                     progress: Progress | None = None, on_line: LineSink | None = None) -> EvalReport:
+    """The trained model of `run_id` on the held-out split; its report is stored beside the run.
+
+    progress gets (done, total) while this machine generates; on_line gets the log lines of a job on the provider.
+    """
+    from verl_grpo.providers import follow_job, get_provider
+
+    provider = get_provider(cfg.infra.provider)
+    store = Store.from_config(cfg.storage)
+    if provider.evaluates_on_cluster:
+        job = provider.submit_eval(cfg, run_id, model_uri, dataset)
+        state = follow_job(provider, job, on_line)  # raises the typed error of a failed job
+        if state.phase != "SUCCEEDED":
+            raise InfraError(f"run {run_id}: eval job {job.name} ended {state.phase} ({state.failure_reason}); "
+                             "retry the evaluate step")
+        return EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
+    report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress)
+    write_run_report(store, run_id, report)
+    return report
+
+
+def evaluate_base(cfg: RunConfig, dataset: DatasetVersion, *, progress: Progress | None = None) -> EvalReport:
+    """The base model (model.name) on the same split and settings, cached across runs."""
+    return evaluate_cached_model(cfg, dataset, None, progress=progress)
+
+
+def evaluate_cached_model(cfg: RunConfig, dataset: DatasetVersion, model: str | None, *,
+                          progress: Progress | None = None) -> EvalReport:
+    """Any model (a directory, store URI or model name; None: the base model) on this machine, through the eval
+    cache: the same model files under the same settings are generated once."""
+    store = Store.from_config(cfg.storage)
+    return evaluate_cached(cfg, model or base_model(cfg), dataset, store, progress=progress)
+
+
+def evaluate_champion(cfg: RunConfig, dataset: DatasetVersion) -> EvalReport:
+    """The current champion re-evaluated with tonight's settings, so a settings change never blocks a promotion.
+
+    Cached by the model files' content hash, so a later night with the same champion generates nothing.
+    """
+    from verl_grpo.registry import download_version
+
+    with tempfile.TemporaryDirectory(prefix="champion-") as dst:
+        model_dir = download_version(cfg.tracking.mlflow_uri, cfg.registered_model_name, "champion", Path(dst))
+        return evaluate_cached_model(cfg, dataset, str(model_dir))
+
+
+def shard_count(cfg: RunConfig, trained: bool) -> int:
+    """How many tasks one model's eval is split into: eval.shards, but one for a trained model that the provider
+    evaluates by a job on its cluster (that job is never sharded)."""
+    if trained and cfg.eval.shards > 1:
+        from verl_grpo.providers import get_provider
+
+        if get_provider(cfg.infra.provider).evaluates_on_cluster:
+            return 1
+    return cfg.eval.shards
+
+
+def generate_shard(cfg: RunConfig, dataset: DatasetVersion, shard: int, trained: RunModel | None = None
+                   ) -> EvalShard | None:
+    """Responses of one shard: of the trained model, or of the base model (trained None; None when the base
+    model's eval is already cached)."""
+    store = Store.from_config(cfg.storage)
+    if trained is None:
+        return evaluate_shard(cfg, base_model(cfg), dataset, store, shard, cached=True)
+    return evaluate_shard(cfg, trained.model_uri, dataset, store, shard)
+
+
+def score_shards(cfg: RunConfig, dataset: DatasetVersion, shards: Sequence[EvalShard | None],
+                 trained: RunModel | None = None) -> EvalReport:
+    """Score every shard's responses like one unsharded eval: the base model's report (trained None) goes to the
+    eval cache, the trained model's beside its run."""
+    store = Store.from_config(cfg.storage)
+    if trained is None:
+        return evaluate_cached(cfg, base_model(cfg), dataset, store, shards=shards)
+    report = evaluate_model(cfg, trained.model_uri, dataset, store, run_id=trained.run_id,
+                            shards=[s for s in shards if s])
+    write_run_report(store, trained.run_id, report)
+    return report
+
+
+def base_model(cfg: RunConfig) -> str:
+    """The local directory of the config's base model (model.name), built or fetched on first use."""
+    from verl_grpo.models import resolve_model
+
+    return str(resolve_model(cfg.model.name))
