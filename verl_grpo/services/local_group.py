@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import httpx
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.procs import pid_alive, runs_command, signal_group
+from verl_grpo.procs import pid_alive, runs_command, stop_process_groups
 from verl_grpo.retry import Backoff
 from verl_grpo.services import SERVICES, token_file_env
 from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
@@ -200,16 +199,9 @@ def _wait_ready(group: ServiceGroup, timeout_s: float) -> None:
 
 
 def _terminate(group: ServiceGroup) -> None:
-    live = {task: pid for task, pid in group.pids.items() if runs_command(pid, group.commands.get(task))}
-    for pid in live.values():
-        signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(_exit_code(pid) is None for pid in live.values()):
-        time.sleep(0.1)
-    for pid in live.values():
-        if _exit_code(pid) is None:
-            signal_group(pid, signal.SIGKILL)
-            _exit_code(pid)
+    live = [pid for task, pid in group.pids.items() if runs_command(pid, group.commands.get(task))]
+    for pid in stop_process_groups(live, STOP_GRACE_S, lambda pid: _exit_code(pid) is None):
+        _exit_code(pid)
 
 
 def _exit_code(pid: int) -> int | None:
