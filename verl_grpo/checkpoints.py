@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -30,11 +29,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from tenacity import RetryCallState
 
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.layout import STEP_PREFIX, checkpoint_dir, checkpoint_manifest, checkpoints_dir, step_dir_name
+from verl_grpo.retry import Backoff, last_error
 from verl_grpo.store import Store
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,17 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
 
 
 _TRANSIENT = _transient_errors()
+_NOT_FOUND = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+"""Answers, not failures: the caller decides what a missing path means, so they are never retried."""
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, _NOT_FOUND)
+
+
+def _log_retry(what: str, state: RetryCallState) -> None:
+    log.warning("checkpoint store: %s failed (%s); retry %d in %.1fs", what, last_error(state), state.attempt_number,
+                state.upcoming_sleep)
 
 
 def _os_error(exc: BaseException) -> OSError | None:
@@ -229,26 +242,31 @@ class CheckpointStore:
 
         Disk-full and permission errors fail at once (ConfigError); a missing file is re-raised as is.
         """
-        delay = self.backoff_s
-        started = time.monotonic()
-        for attempt in itertools.count(1):
-            try:
-                return fn()
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                raise
-            except _TRANSIENT as e:
-                permanent = permanent_error(f"checkpoint store {self.store.uri}: {what}", self.store.uri, e)
-                if permanent is not None:
-                    raise permanent from e
-                if attempt >= self.retries:
-                    raise InfraError(
-                        f"checkpoint store {self.store.uri}: {what} still failing after {attempt} attempts in "
-                        f"{time.monotonic() - started:.0f}s, the retry budget (storage.upload_retries={self.retries}, "
-                        f"storage.upload_backoff_s={self.backoff_s}); last error: {type(e).__name__}: {e}"
-                    ) from e
-                log.warning("checkpoint store: %s failed (%s); retry %d in %.1fs", what, e, attempt, delay)
-                time.sleep(delay)
-                delay *= 2
+        policy = Backoff(attempts=self.retries, backoff_s=self.backoff_s, retry_on=_worth_retrying,
+                         give_up=lambda state: self._give_up(what, state),
+                         on_retry=lambda state: _log_retry(what, state))
+        return policy.call(self._attempt, what, fn)
+
+    def _attempt(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn(), with errors no retry can cure (disk full, permission denied) turned into a ConfigError."""
+        try:
+            return fn()
+        except _NOT_FOUND:
+            raise
+        except _TRANSIENT as e:
+            permanent = permanent_error(f"checkpoint store {self.store.uri}: {what}", self.store.uri, e)
+            if permanent is not None:
+                raise permanent from e
+            raise
+
+    def _give_up(self, what: str, state: RetryCallState) -> NoReturn:
+        """The InfraError that ends a transfer still failing after the budget; it names the knobs that set it."""
+        e = last_error(state)
+        raise InfraError(
+            f"checkpoint store {self.store.uri}: {what} still failing after {state.attempt_number} attempts in "
+            f"{state.seconds_since_start or 0:.0f}s, the retry budget (storage.upload_retries={self.retries}, "
+            f"storage.upload_backoff_s={self.backoff_s}); last error: {type(e).__name__}: {e}"
+        ) from e
 
     def _put(self, local: Path, *parts: str) -> None:
         if self.store.is_local:

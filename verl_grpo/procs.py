@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
+from collections.abc import Callable, Iterable
 
 _PR_SET_PDEATHSIG = 1
 
@@ -46,3 +48,30 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_process_groups(pids: Iterable[int], grace_s: float, is_running: Callable[[int], bool] = pid_alive,
+                        poll_s: float = 0.1) -> list[int]:
+    """SIGTERM each process group led by `pids`, wait up to `grace_s` for all of them to end, SIGKILL the rest.
+
+    SIGTERM first lets a trainer finish its checkpoint upload and a server drain its requests; the SIGKILL
+    bounds how long a stop can take. One grace period covers all the groups, so stopping n of them takes
+    grace_s at most, not n × grace_s. `is_running` decides whether a leader still runs (a caller that
+    started the process passes one that also reaps it). Returns the pids that had to be SIGKILLed.
+    """
+    pids = list(pids)
+    for pid in pids:
+        signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(is_running(pid) for pid in pids):
+        time.sleep(poll_s)
+    killed = [pid for pid in pids if is_running(pid)]
+    for pid in killed:
+        signal_group(pid, signal.SIGKILL)
+    return killed
+
+
+def stop_process_group(pid: int, grace_s: float, is_running: Callable[[int], bool] = pid_alive,
+                       poll_s: float = 0.1) -> bool:
+    """`stop_process_groups` for one group; True when it had to be SIGKILLed."""
+    return bool(stop_process_groups([pid], grace_s, is_running, poll_s))

@@ -17,7 +17,7 @@ from pathlib import Path
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
 from verl_grpo.paths import state_dir
-from verl_grpo.procs import die_with_parent, pid_alive, runs_command, signal_group
+from verl_grpo.procs import die_with_parent, pid_alive, runs_command, stop_process_group
 from verl_grpo.services.local_group import services_env, start_local_services, stop_local_services
 
 _JOB_FILE = "job.json"
@@ -94,12 +94,7 @@ class LocalProvider:
         pid = int(job.id)
         if not pid_alive(pid) and pid not in self._children:
             return
-        signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.cancel_grace_s
-        while time.monotonic() < deadline and self.status(job).phase == "RUNNING":
-            time.sleep(0.2)
-        if self.status(job).phase == "RUNNING":
-            signal_group(pid, signal.SIGKILL)
+        if stop_process_group(pid, self.cancel_grace_s, lambda _: self.status(job).phase == "RUNNING", poll_s=0.2):
             self._reap(pid)
 
     def down(self, cluster: Cluster) -> None:

@@ -8,14 +8,13 @@ Connection failures, timeouts, 429 and 5xx are retried with exponential backoff 
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
 from verl_grpo.errors import ConfigError, DataError, InfraError
+from verl_grpo.retry import Backoff, last_error
 from verl_grpo.services import DEFAULT_TOKEN_ENV, SERVICES
 from verl_grpo.services.http import load_token
 
@@ -35,6 +34,11 @@ def service_url(name: str, env: dict[str, str] | None = None) -> str:
         raise ConfigError(f"{spec.url_env} is not set; enable the {spec.task} (services.enabled: [{name}]) "
                           "or export its URL")
     return url.rstrip("/")
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """Connection trouble and retryable HTTP statuses (InfraError from `_raise_for`); a 4xx answer would repeat."""
+    return isinstance(exc, (httpx.TransportError, InfraError))
 
 
 def _raise_for(response: httpx.Response, what: str) -> None:
@@ -65,12 +69,17 @@ class _Base:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def _delay(self, attempt: int) -> float:
-        return self.backoff_s * (2**attempt)
+    def _policy(self, what: str) -> Backoff:
+        """Both clients' retry policy: `retries` retries after the first try, the delay doubling from backoff_s.
 
-    def _give_up(self, what: str, error: Exception) -> InfraError:
-        return InfraError(f"{what} failed after {self.retries + 1} attempts: {type(error).__name__}: {error}; "
-                          f"is the service at {self.base_url} up?")
+        Declared here once so the blocking and the async client cannot drift apart.
+        """
+        return Backoff(attempts=self.retries + 1, backoff_s=self.backoff_s, retry_on=_worth_retrying,
+                       give_up=lambda state: self._give_up(what, last_error(state)))
+
+    def _give_up(self, what: str, error: BaseException) -> NoReturn:
+        raise InfraError(f"{what} failed after {self.retries + 1} attempts: {type(error).__name__}: {error}; "
+                         f"is the service at {self.base_url} up?")
 
 
 class ServiceClient(_Base):
@@ -82,17 +91,12 @@ class ServiceClient(_Base):
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         what = f"{method} {self.base_url}{path}"
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._http.request(method, path, **kwargs)
-                _raise_for(response, what)
-                return response.json()
-            except (httpx.TransportError, InfraError) as e:
-                last = e
-                if attempt < self.retries:
-                    time.sleep(self._delay(attempt))
-        raise self._give_up(what, last)  # type: ignore[arg-type]
+        return self._policy(what).call(self._attempt, what, method, path, **kwargs)
+
+    def _attempt(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, **kwargs)
+        _raise_for(response, what)
+        return response.json()
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
@@ -122,17 +126,12 @@ class AsyncServiceClient(_Base):
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         what = f"{method} {self.base_url}{path}"
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                response = await self._http.request(method, path, **kwargs)
-                _raise_for(response, what)
-                return response.json()
-            except (httpx.TransportError, InfraError) as e:
-                last = e
-                if attempt < self.retries:
-                    await asyncio.sleep(self._delay(attempt))
-        raise self._give_up(what, last)  # type: ignore[arg-type]
+        return await self._policy(what).acall(self._attempt, what, method, path, **kwargs)
+
+    async def _attempt(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self._http.request(method, path, **kwargs)
+        _raise_for(response, what)
+        return response.json()
 
     async def post(self, path: str, body: Any) -> Any:
         return await self.request("POST", path, json=body)

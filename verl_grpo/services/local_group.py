@@ -14,19 +14,20 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.procs import pid_alive, runs_command, signal_group
+from verl_grpo.procs import pid_alive, runs_command, stop_process_groups
+from verl_grpo.retry import Backoff
 from verl_grpo.services import SERVICES, token_file_env
 from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
 
@@ -137,27 +138,41 @@ def services_env(workdir: str | Path) -> dict[str, str]:
     return dict(group.env) if group else {}
 
 
+class _PortTaken(Exception):
+    """Another process took the port between probing and binding; a start on a fresh port cures it."""
+
+
 def _start_one(name: str, cfg: RunConfig, run_id: str, sdir: Path, env: dict[str, str], group: ServiceGroup,
                dataset_uri: str | None) -> None:
     spec = SERVICES[name]
     log_path = sdir / f"{spec.task}.log"
-    for _ in range(_PORT_RETRIES):
-        port = _free_port()
-        cmd = service_command(name, cfg, port, run_id, dataset_uri)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=sdir, start_new_session=True)
-        time.sleep(0.05)
-        if proc.poll() is not None and b"address already in use" in log_path.read_bytes()[-2000:].lower():
-            continue  # another process took the port between probing and binding
-        url = f"http://127.0.0.1:{port}"
-        group.endpoints[spec.task] = url
-        group.env[spec.url_env] = url
-        group.pids[spec.task] = proc.pid
-        group.commands[spec.task] = cmd
-        group.logs[spec.task] = str(log_path)
-        return
-    raise InfraError(f"{spec.task} could not bind a free port on 127.0.0.1 after {_PORT_RETRIES} tries")
+    policy = Backoff(attempts=_PORT_RETRIES, backoff_s=0, retry_on=lambda e: isinstance(e, _PortTaken),
+                     give_up=lambda _: _no_free_port(spec.task))
+    port, proc, cmd = policy.call(_spawn_on_free_port, name, cfg, run_id, dataset_uri, env, sdir, log_path)
+    url = f"http://127.0.0.1:{port}"
+    group.endpoints[spec.task] = url
+    group.env[spec.url_env] = url
+    group.pids[spec.task] = proc.pid
+    group.commands[spec.task] = cmd
+    group.logs[spec.task] = str(log_path)
+
+
+def _spawn_on_free_port(name: str, cfg: RunConfig, run_id: str, dataset_uri: str | None, env: dict[str, str],
+                        sdir: Path, log_path: Path) -> tuple[int, subprocess.Popen, list[str]]:
+    """Start service `name` on a port free a moment ago; raises _PortTaken when it lost that port to a race."""
+    port = _free_port()
+    cmd = service_command(name, cfg, port, run_id, dataset_uri)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=sdir, start_new_session=True)
+    time.sleep(0.05)
+    if proc.poll() is not None and b"address already in use" in log_path.read_bytes()[-2000:].lower():
+        raise _PortTaken(port)
+    return port, proc, cmd
+
+
+def _no_free_port(task: str) -> NoReturn:
+    raise InfraError(f"{task} could not bind a free port on 127.0.0.1 after {_PORT_RETRIES} tries")
 
 
 def _wait_ready(group: ServiceGroup, timeout_s: float) -> None:
@@ -184,16 +199,9 @@ def _wait_ready(group: ServiceGroup, timeout_s: float) -> None:
 
 
 def _terminate(group: ServiceGroup) -> None:
-    live = {task: pid for task, pid in group.pids.items() if runs_command(pid, group.commands.get(task))}
-    for pid in live.values():
-        signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(_exit_code(pid) is None for pid in live.values()):
-        time.sleep(0.1)
-    for pid in live.values():
-        if _exit_code(pid) is None:
-            signal_group(pid, signal.SIGKILL)
-            _exit_code(pid)
+    live = [pid for task, pid in group.pids.items() if runs_command(pid, group.commands.get(task))]
+    for pid in stop_process_groups(live, STOP_GRACE_S, lambda pid: _exit_code(pid) is None):
+        _exit_code(pid)
 
 
 def _exit_code(pid: int) -> int | None:
