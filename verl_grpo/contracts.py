@@ -46,6 +46,9 @@ class Cluster(_Record):
     """Working directory of the run on the cluster (local path for the local provider)."""
     endpoints: dict[str, str] = Field(default_factory=dict)
     """Service name → URL (reward-server, retrieval-server, ...)."""
+    on_this_machine: bool = False
+    """The cluster is the machine the pipeline runs on: it reads local paths and reaches loopback services, so
+    trainers need neither mounts nor a remote tracking server."""
 
 
 class TrainSpec(_Record):

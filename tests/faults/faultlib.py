@@ -47,7 +47,7 @@ def plan_run(workdir: Path, model_dir: Path, mirror: Path, store: Store, *overri
     cfg = load_config(overrides=[f"model.name={model_dir}", f"storage.uri={store.uri}", *endpoint, *TINY_TRAIN,
                                  *overrides], env={})
     dataset = write_gsm8k_split(store, mirror, N_PROMPTS, "faults")
-    cluster = Cluster(provider="local", name="faults", workdir=str(workdir))
+    cluster = Cluster(provider="local", name="faults", workdir=str(workdir), on_this_machine=True)
     return get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster)
 
 

@@ -81,7 +81,7 @@ def test_the_train_task_retries_a_preempted_training_and_not_a_failed_one(monkey
     cfg = load_config(overrides=["algorithm.total_steps=2"], env={})
     dataset = DatasetVersion(name="gsm8k", hash="h", uri="file:///d", splits={"train": "file:///d/train.parquet"},
                              counts={"train": 8})
-    cluster = Cluster(provider="local", name="c", workdir="/tmp/unused")
+    cluster = Cluster(provider="local", name="c", workdir="/tmp/unused", on_this_machine=True)
     result = TrainResult(run_id="r", final_step=2, checkpoint=None, model_uri="file:///m", metrics_uri="file:///m.jsonl",
                          summary={})
     outcomes: list[BaseException | None] = []

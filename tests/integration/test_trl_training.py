@@ -43,7 +43,7 @@ def plan_run(root: Path, model_dir: Path, mirror: Path, *overrides: str) -> tupl
     cfg = load_config(overrides=[f"model.name={model_dir}", f"storage.uri={store.uri}", *TRAIN_OVERRIDES, *overrides],
                       env={})
     dataset = write_gsm8k_split(store, mirror, N_PROMPTS, "it")
-    cluster = Cluster(provider="local", name="it", workdir=str(root / "work"))
+    cluster = Cluster(provider="local", name="it", workdir=str(root / "work"), on_this_machine=True)
     return get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster), store
 
 
@@ -215,7 +215,7 @@ def test_run_against_an_s3_store(s3_bucket, tmp_path, tiny_model_dir, data_mirro
                                  *TRAIN_OVERRIDES, "algorithm.total_steps=2", "algorithm.save_freq=1",
                                  "storage.keep_last=1"], env={})
     dataset = write_gsm8k_split(store, data_mirror, N_PROMPTS, "it")
-    cluster = Cluster(provider="local", name="it", workdir=str(tmp_path / "work"))
+    cluster = Cluster(provider="local", name="it", workdir=str(tmp_path / "work"), on_this_machine=True)
     spec = get_trainer("trl").plan(cfg, dataset, store, RUN_ID, cluster)
     proc = run_worker(spec, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -415,9 +415,14 @@ class RunConfig(_Section):
 
 _NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"}}
 
+def _when_chosen(plugin: str) -> Callable[[RunConfig], bool]:
+    """A section named after a provider or trainer backend is read only by runs that choose that plugin."""
+    return lambda cfg: plugin in (cfg.infra.provider, cfg.trainer.backend)
+
+
 SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
-    "verl": lambda cfg: cfg.trainer.backend == "verl",
-    "skypilot": lambda cfg: cfg.infra.provider == "skypilot",
+    "verl": _when_chosen("verl"),
+    "skypilot": _when_chosen("skypilot"),
     "services": lambda cfg: bool(cfg.services.enabled),
     **{f"services.{name}": (lambda cfg, name=name: name in cfg.services.enabled) for name in get_args(ServiceName)},
 }

@@ -39,7 +39,7 @@ class LocalProvider:
         workdir.mkdir(parents=True, exist_ok=True)
         services = start_local_services(cfg, run_id, workdir)
         return Cluster(provider=self.name, name=f"local-{run_id}", workdir=str(workdir),
-                       endpoints=services.endpoints if services else {})
+                       endpoints=services.endpoints if services else {}, on_this_machine=True)
 
     def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:
         workdir = Path(cluster.workdir)

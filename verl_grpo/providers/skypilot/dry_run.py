@@ -66,8 +66,9 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
             check_reward: bool = True) -> DryRunReport:
     """Validate everything that can be checked without a cloud; ConfigError names the first failure."""
     start = time.perf_counter()
-    if cfg.trainer.backend != "verl":
-        raise ConfigError("the skypilot provider runs the verl backend; set trainer.backend=verl")
+    if cfg.trainer.backend not in SkyPilotProvider.backends:
+        raise ConfigError(f"the skypilot provider runs the {' or '.join(SkyPilotProvider.backends)} backend; set "
+                          f"trainer.backend={SkyPilotProvider.backends[0]}")
     if boundary is None:
         from verl_grpo.providers.skypilot import boundary as real
 

@@ -55,6 +55,8 @@ class SkyPilotProvider:
 
     name = NAME
     evaluates_on_cluster = True  # vLLM on the cluster's GPUs, one SkyPilot task per eval
+    backends = ("verl",)
+    """The trainer backends its task templates launch."""
 
     def __init__(self, boundary: ModuleType | None = None, env: Mapping[str, str] | None = None):
         self.sky = boundary or _default_boundary()
