@@ -18,7 +18,7 @@ from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
-from verl_grpo.trainers import verl_checkpoints as vc
+from verl_grpo.trainers.verl import checkpoints as vc
 
 
 def write_step(ckpt_dir: Path, step: int, world: int = 1, ranks=None, model_dir: Path | None = None) -> Path:
@@ -154,7 +154,7 @@ def test_restore_without_a_committed_checkpoint_starts_fresh(settings):
 
 
 def test_restore_entry_fetches_the_dataset_when_not_mounted(settings, monkeypatch, tmp_path):
-    from verl_grpo.trainers import verl_restore
+    from verl_grpo.trainers.verl import restore as verl_restore
 
     store = Store(settings.uri, settings.endpoint_url)
     store.write_text("parquet-bytes", "datasets/gsm8k/h1/train.parquet")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.trainers import verl_checkpoints as vc
+from verl_grpo.trainers.verl import checkpoints as vc
 
 
 def test_merge_command_is_verls_documented_cli():

@@ -20,14 +20,14 @@ from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
 from verl_grpo.store import local_path
-from verl_grpo.trainers.verl_backend import (
+from verl_grpo.trainers.verl.backend import (
     DATASET_MOUNT_ENV,
     DATASET_URI_ENV,
     SECRET_ENV_VARS,
     finalize_command,
     restore_command,
 )
-from verl_grpo.trainers.verl_checkpoints import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
+from verl_grpo.trainers.verl.checkpoints import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""

@@ -22,7 +22,7 @@ from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.layout import dataset_dir
 from verl_grpo.store import Store, local_path
-from verl_grpo.trainers.verl_checkpoints import CALLBACK_CLASS, checkpoint_env
+from verl_grpo.trainers.verl.checkpoints import CALLBACK_CLASS, checkpoint_env
 
 MAIN_MODULE = "verl.trainer.main_ppo"
 REWARD_MODULE = "pkg://verl_grpo.rewards"
@@ -377,7 +377,7 @@ def data_files_on_cluster(dataset: DatasetVersion, store: Store, cluster: Cluste
 
 def restore_command(spec_env: Mapping[str, str]) -> list[str]:
     """The pre-main_ppo entry: restore the latest committed checkpoint (and fetch the dataset if not mounted)."""
-    cmd = ["python", "-m", "verl_grpo.trainers.verl_restore"]
+    cmd = ["python", "-m", "verl_grpo.trainers.verl.restore"]
     if spec_env.get(DATASET_URI_ENV) and spec_env.get(DATASET_MOUNT_ENV):
         cmd += ["--dataset-uri", spec_env[DATASET_URI_ENV], "--dataset-dir", spec_env[DATASET_MOUNT_ENV]]
     return cmd
@@ -385,7 +385,7 @@ def restore_command(spec_env: Mapping[str, str]) -> list[str]:
 
 def finalize_command(cfg: RunConfig) -> list[str]:
     """The post-main_ppo entry: merge the final actor with verl.model_merger, publish model, metrics, TrainResult."""
-    return ["python", "-m", "verl_grpo.trainers.verl_finalize", "--backend", cfg.verl.strategy,
+    return ["python", "-m", "verl_grpo.trainers.verl.finalize", "--backend", cfg.verl.strategy,
             "--train-batch-size", str(cfg.algorithm.train_batch_size)]
 
 

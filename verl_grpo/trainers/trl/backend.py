@@ -1,6 +1,6 @@
 """TRL backend: RunConfig → `trl.GRPOConfig` (pure mapping) and the worker command (`plan`).
 
-Training itself runs in a separate process (`python -m verl_grpo.trainers.trl_worker SPEC`), so a
+Training itself runs in a separate process (`python -m verl_grpo.trainers.trl.worker SPEC`), so a
 provider can run, watch, kill and restart it like any other job.
 
 Batch semantics (TRL 1.16, `GRPOConfig.__post_init__` and `GRPOTrainer._prepare_inputs`): the
@@ -197,7 +197,7 @@ class TrlTrainer:
         return TrainSpec(
             backend=self.name,
             run_id=run_id,
-            command=[sys.executable, "-m", "verl_grpo.trainers.trl_worker", str(spec_path)],
+            command=[sys.executable, "-m", "verl_grpo.trainers.trl.worker", str(spec_path)],
             env=worker_env(cfg),
             spec_uri=str(spec_path),
             total_steps=cfg.algorithm.total_steps,

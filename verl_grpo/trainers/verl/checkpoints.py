@@ -3,7 +3,7 @@
 Three moments of a verl run on a cluster, all configured by non-secret env vars the SkyPilot task sets
 (`checkpoint_env` builds them; credentials come from the environment as usual):
 
-1. **Before main_ppo** (`python -m verl_grpo.trainers.verl_restore`, every node): restore the store's
+1. **Before main_ppo** (`python -m verl_grpo.trainers.verl.restore`, every node): restore the store's
    `latest_complete(run_id)` into `trainer.default_local_dir` and write verl's
    `latest_checkpointed_iteration.txt` atomically, so `resume_mode=auto` resumes exactly the checkpoint the
    store verified. Local `global_step_*` dirs the store did not vouch for are removed, never chosen.
@@ -11,7 +11,7 @@ Three moments of a verl run on a cluster, all configured by non-secret env vars 
    (verl calls `on_save(trainer=, global_step=, checkpoint_dir=, async_save=)` on the driver after each save).
    It hard-links the step dir into a staging dir (verl may delete the original at its next save while the
    upload runs), adds the metrics so far, and commits it through `CheckpointStore` on a `BackgroundSaver`.
-3. **After main_ppo** (`python -m verl_grpo.trainers.verl_finalize`, head node): make sure the final step is
+3. **After main_ppo** (`python -m verl_grpo.trainers.verl.finalize`, head node): make sure the final step is
    committed, merge the final actor to an HF model with `verl.model_merger`, upload it to
    `runs/{run_id}/model`, and write `runs/{run_id}/metrics.jsonl` and `runs/{run_id}/train_result.json`
    (the pipeline reads the latter from the store).
@@ -49,7 +49,7 @@ ENV_KEEP_LAST = "VERL_GRPO_KEEP_LAST"
 ENV_VERL_METRICS = "VERL_FILE_LOGGER_PATH"
 """verl's own `file` logger writes one `{"step": N, "data": {...}}` line per step here (truncated at each start)."""
 
-CALLBACK_CLASS = "verl_grpo.trainers.verl_checkpoints.StoreCheckpointCallback"
+CALLBACK_CLASS = "verl_grpo.trainers.verl.checkpoints.StoreCheckpointCallback"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 """verl's resume tracker in default_local_dir (verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename)."""
 DATALOADER_FILE = "data.pt"
@@ -75,7 +75,7 @@ class StoreSettings:
         missing = [k for k in (ENV_STORE_URI, ENV_RUN_ID, ENV_CHECKPOINT_DIR) if not env.get(k)]
         if missing:
             raise ConfigError(f"{', '.join(missing)} not set; the verl task sets them from the run config "
-                              "(verl_grpo.trainers.verl_checkpoints.checkpoint_env) — launch through verl-grpo")
+                              "(verl_grpo.trainers.verl.checkpoints.checkpoint_env) — launch through verl-grpo")
         try:
             keep = int(env.get(ENV_KEEP_LAST) or 2)
         except ValueError:

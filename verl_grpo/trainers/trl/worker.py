@@ -1,4 +1,4 @@
-"""The TRL training process: `python -m verl_grpo.trainers.trl_worker <workdir>/train_spec.json`.
+"""The TRL training process: `python -m verl_grpo.trainers.trl.worker <workdir>/train_spec.json`.
 
 1. Restores the newest committed checkpoint of the run from the store (if any) and resumes from it:
    model, optimizer, scheduler, RNG and data position, so the run continues with the next unseen prompts.
@@ -39,8 +39,8 @@ from verl_grpo.contracts import CheckpointRef, DatasetVersion, TrainResult
 from verl_grpo.errors import ConfigError, DataError, InfraError, VerlGrpoError
 from verl_grpo.layout import METRICS_FILE, model_dir, run_metrics, train_result
 from verl_grpo.store import Store
-from verl_grpo.trainers.trl_backend import RESULT_FILE, batch_layout, grpo_args
-from verl_grpo.trainers.trl_callbacks import (
+from verl_grpo.trainers.trl.backend import RESULT_FILE, batch_layout, grpo_args
+from verl_grpo.trainers.trl.callbacks import (
     MetricsLog,
     StoreCallback,
     Termination,
@@ -378,7 +378,7 @@ def _report(exc: Exception, error_file: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m verl_grpo.trainers.trl_worker <workdir>/train_spec.json", file=sys.stderr)
+        print("usage: python -m verl_grpo.trainers.trl.worker <workdir>/train_spec.json", file=sys.stderr)
         return EXIT_USER_ERROR
     hf_logging.disable_progress_bar()
     termination = Termination()

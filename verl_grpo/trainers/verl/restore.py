@@ -1,9 +1,9 @@
-"""`python -m verl_grpo.trainers.verl_restore`: run by the verl task on every node before main_ppo.
+"""`python -m verl_grpo.trainers.verl.restore`: run by the verl task on every node before main_ppo.
 
 Restores the store's latest complete checkpoint of the run into trainer.default_local_dir and writes verl's
-resume tracker (see verl_checkpoints.restore_latest); with `--dataset-uri/--dataset-dir`, also fetches the
+resume tracker (see checkpoints.restore_latest); with `--dataset-uri/--dataset-dir`, also fetches the
 prepared dataset when it is not mounted (`sky exec` does not sync file mounts). Settings come from the env
-vars of verl_checkpoints.checkpoint_env. Exit codes: 2 user fix, 75 retryable, 1 failure.
+vars of checkpoints.checkpoint_env. Exit codes: 2 user fix, 75 retryable, 1 failure.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from verl_grpo.errors import VerlGrpoError
-from verl_grpo.trainers.verl_checkpoints import StoreSettings, exit_code, fetch_dataset, restore_latest
+from verl_grpo.trainers.verl.checkpoints import StoreSettings, exit_code, fetch_dataset, restore_latest
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_grpo.trainers.verl_restore", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m verl_grpo.trainers.verl.restore", description=__doc__)
     parser.add_argument("--dataset-uri", help="store URI of the prepared dataset directory")
     parser.add_argument("--dataset-dir", help="where main_ppo reads the dataset's parquet files")
     args = parser.parse_args(argv)

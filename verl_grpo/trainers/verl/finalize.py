@@ -1,8 +1,8 @@
-"""`python -m verl_grpo.trainers.verl_finalize --backend fsdp`: run by the verl task on the head after main_ppo.
+"""`python -m verl_grpo.trainers.verl.finalize --backend fsdp`: run by the verl task on the head after main_ppo.
 
 Commits the final checkpoint if its background upload did not finish, merges the final actor to an HF model
 with `verl.model_merger`, uploads it to `runs/{run_id}/model`, and writes `runs/{run_id}/metrics.jsonl` and
-`runs/{run_id}/train_result.json` (see verl_checkpoints.finalize). Exit codes: 2 user fix, 75 retryable, 1 failure.
+`runs/{run_id}/train_result.json` (see checkpoints.finalize). Exit codes: 2 user fix, 75 retryable, 1 failure.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import argparse
 import sys
 
 from verl_grpo.errors import VerlGrpoError
-from verl_grpo.trainers.verl_checkpoints import MERGE_BACKENDS, StoreSettings, exit_code, finalize
+from verl_grpo.trainers.verl.checkpoints import MERGE_BACKENDS, StoreSettings, exit_code, finalize
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_grpo.trainers.verl_finalize", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m verl_grpo.trainers.verl.finalize", description=__doc__)
     parser.add_argument("--backend", choices=sorted(MERGE_BACKENDS), default="fsdp",
                         help="verl.strategy of the run (selects the model_merger backend)")
     parser.add_argument("--train-batch-size", type=int, default=None,
