@@ -18,6 +18,7 @@ from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
+from verl_grpo.trainers.protocol import EXIT_USER_ERROR
 from verl_grpo.trainers.verl import checkpoints as vc
 
 
@@ -150,7 +151,7 @@ def test_restore_without_a_committed_checkpoint_starts_fresh(settings):
     write_step(settings.checkpoint_dir, 5)  # local only: never committed, so never trusted
     assert vc.restore_latest(settings) is None
     assert not (settings.checkpoint_dir / vc.TRACKER_FILE).exists()
-    assert vc.local_steps(settings.checkpoint_dir) == []
+    assert settings.local_checkpoints.steps() == []
 
 
 def test_restore_entry_fetches_the_dataset_when_not_mounted(settings, monkeypatch, tmp_path):
@@ -164,7 +165,7 @@ def test_restore_entry_fetches_the_dataset_when_not_mounted(settings, monkeypatc
     assert verl_restore.main(["--dataset-uri", store.url("datasets/gsm8k/h1"), "--dataset-dir", str(dest)]) == 0
     assert (dest / "train.parquet").read_text() == "parquet-bytes"
     assert verl_restore.main(["--dataset-uri", store.url("datasets/gsm8k/missing"),
-                              "--dataset-dir", str(tmp_path / "d2")]) == vc.EXIT_USER_ERROR
+                              "--dataset-dir", str(tmp_path / "d2")]) == EXIT_USER_ERROR
 
 
 def test_finalize_merges_with_verls_model_merger_and_publishes_the_result(settings, tiny_model_dir):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_grpo.errors import ConfigError
+from verl_grpo.trainers.protocol import summarize, write_jsonl_atomic
 from verl_grpo.trainers.verl import checkpoints as vc
 
 
@@ -39,7 +40,7 @@ def test_callback_rejects_a_default_local_dir_that_differs_from_the_env():
 
 def test_metrics_merge_history_with_verls_log_later_wins_and_cut_at_step(tmp_path):
     s = vc.StoreSettings("s3://b/p", None, "r", tmp_path)
-    vc.write_records(s.history_path, [{"step": 1, "x": 1.0}, {"step": 2, "x": 2.0}])
+    write_jsonl_atomic(s.history_path, [{"step": 1, "x": 1.0}, {"step": 2, "x": 2.0}])
     s.verl_metrics_path.write_text(json.dumps({"step": 2, "data": {"x": 20.0}}) + "\n"
                                    + json.dumps({"step": 3, "data": {"x": 3.0}}) + "\n" + '{"step": 4, "da')
     assert vc.merged_metrics(s) == [{"step": 1, "x": 1.0}, {"step": 2, "x": 20.0}, {"step": 3, "x": 3.0}]
@@ -49,8 +50,8 @@ def test_metrics_merge_history_with_verls_log_later_wins_and_cut_at_step(tmp_pat
 def test_summary_uses_the_last_training_step_and_skips_initial_validation():
     records = [{"step": 0, "val-core/acc": 0.1}, {"step": 1, "critic/score/mean": 0.2},
                {"step": 2, "critic/score/mean": 0.4, "actor/pg_loss": 0.05, "val-core/acc": 0.3}]
-    assert vc.summarize(records) == {"final_reward": 0.4, "final_loss": 0.05, "val-core/acc": 0.3,
-                                     "mean_reward": pytest.approx(0.3)}
+    assert summarize(records, vc.SUMMARY) == {"final_reward": 0.4, "final_loss": 0.05, "val-core/acc": 0.3,
+                                              "mean_reward": pytest.approx(0.3)}
 
 
 def test_tracker_is_written_atomically_and_read_back(tmp_path):

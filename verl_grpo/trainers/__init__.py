@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from verl_grpo.plugins import load_named
-from verl_grpo.trainers.base import Trainer
+from verl_grpo.trainers.protocol import Trainer
 
 TRAINERS: dict[str, str] = {
     "trl": "verl_grpo.trainers.trl.backend:TrlTrainer",

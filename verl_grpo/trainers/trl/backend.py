@@ -16,7 +16,6 @@ per-device batch counts *completions*, not prompts. One optimizer step here cons
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,10 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
+from verl_grpo.trainers.protocol import write_json_atomic
 
 SPEC_VERSION = 1
 SPEC_FILE = "train_spec.json"
-RESULT_FILE = "result.json"
 
 # verl `loss_agg_mode` → TRL `loss_type`, by how each normalises the summed per-token losses:
 #   token-mean              ÷ active tokens of the whole step (all micro-batches) → "dapo"
@@ -189,11 +188,7 @@ class TrlTrainer:
             "model_name": cfg.model.name,
             "model_path": _local_model_path(cfg, cluster),
         }
-        workdir.mkdir(parents=True, exist_ok=True)
-        spec_path = workdir / SPEC_FILE
-        tmp = spec_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(spec, indent=1))
-        tmp.replace(spec_path)
+        spec_path = write_json_atomic(workdir / SPEC_FILE, spec)
         return TrainSpec(
             backend=self.name,
             run_id=run_id,

@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
-from verl_grpo.layout import METRICS_FILE
+from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
 
 
 class MetricsLog:
@@ -36,10 +36,7 @@ class MetricsLog:
     def reset(self, source: Path | None = None, upto_step: int = 0) -> None:
         """Start over from `source`'s lines up to `upto_step` (a restored checkpoint), or empty."""
         kept = [r for r in read_metrics(source) if r["step"] <= upto_step] if source else []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(self.path)
+        write_jsonl_atomic(self.path, kept)
 
     def append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

@@ -23,7 +23,6 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,9 +36,21 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore, permanent_er
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import CheckpointRef, DatasetVersion, TrainResult
 from verl_grpo.errors import ConfigError, DataError, InfraError, VerlGrpoError
-from verl_grpo.layout import METRICS_FILE, model_dir, run_metrics, train_result
+from verl_grpo.layout import model_dir, run_metrics, train_result
 from verl_grpo.store import Store
-from verl_grpo.trainers.trl.backend import RESULT_FILE, batch_layout, grpo_args
+from verl_grpo.trainers.protocol import (
+    ERROR_FILE,
+    EXIT_USER_ERROR,
+    METRICS_FILE,
+    RESULT_FILE,
+    LocalCheckpoints,
+    SummaryNames,
+    exit_code,
+    restore_latest,
+    summarize,
+    write_json_atomic,
+)
+from verl_grpo.trainers.trl.backend import batch_layout, grpo_args
 from verl_grpo.trainers.trl.callbacks import (
     MetricsLog,
     StoreCallback,
@@ -50,7 +61,12 @@ from verl_grpo.trainers.trl.callbacks import (
 TRAIN_COLUMNS = ("prompt", "data_source", "reward_model", "extra_info")
 CHECKPOINT_PREFIX = "checkpoint-"
 STAGING_DIR = "pending_uploads"
-EXIT_USER_ERROR, EXIT_RETRYABLE, EXIT_FAILED = 2, 75, 1
+SUMMARY = SummaryNames(
+    final={key: f"final_{key}" for key in ("reward", "reward_std", "kl", "entropy", "completions/mean_length", "loss")},
+    reward="reward",
+    final_prefixes={"rewards/": "final_rewards/"},
+    totals=("train_runtime", "train_loss", "train_steps_per_second"),
+)
 
 
 @dataclass(frozen=True)
@@ -109,24 +125,15 @@ def load_train_dataset(spec: WorkerSpec, store: Store):
     return Dataset.from_list(frame[list(TRAIN_COLUMNS)].to_dict("records"))
 
 
-def restore_latest(spec: WorkerSpec, checkpoints: CheckpointStore, output_dir: Path,
-                   metrics: MetricsLog) -> tuple[Path | None, CheckpointRef | None]:
+def restore_for_resume(spec: WorkerSpec, checkpoints: CheckpointStore, output_dir: Path,
+                       metrics: MetricsLog) -> tuple[Path | None, CheckpointRef | None]:
     """Bring the newest committed checkpoint into output_dir (local leftovers are never trusted)."""
-    ref = checkpoints.latest_complete(spec.run_id)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    keep = f"{CHECKPOINT_PREFIX}{ref.step}" if ref else None
-    for leftover in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
-        if leftover.name != keep:
-            shutil.rmtree(leftover, ignore_errors=True)
-    if ref is None:
+    restored = restore_latest(checkpoints, spec.run_id, LocalCheckpoints(output_dir, CHECKPOINT_PREFIX),
+                              keep_undeletable=True)
+    if restored is None:
         metrics.reset()
         return None, None
-    local = output_dir / keep
-    manifest = checkpoints.restore(ref, local)
-    listed = {entry["path"] for entry in manifest["files"]}
-    for path in list(local.rglob("*")):  # files of an uncommitted attempt at the same step
-        if path.is_file() and path.relative_to(local).as_posix() not in listed:
-            path.unlink()
+    ref, local = restored
     metrics.reset(local / METRICS_FILE, upto_step=ref.step)
     print(f"resuming run {spec.run_id} from checkpoint step {ref.step} ({ref.uri})", flush=True)
     return local, ref
@@ -210,7 +217,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
 
     # A checkpoint the previous attempt staged but did not upload is work not to lose.
     BackgroundSaver(checkpoints, staging_dir=spec.workdir / STAGING_DIR).commit_pending(spec.run_id)
-    resume_dir, resumed_ref = restore_latest(spec, checkpoints, spec.workdir / "checkpoints", metrics)
+    resume_dir, resumed_ref = restore_for_resume(spec, checkpoints, spec.workdir / "checkpoints", metrics)
     final_logs: dict[str, float] = {}
     upload_wait_s = 0.0
     if resumed_ref is not None and resumed_ref.step >= cfg.algorithm.total_steps:
@@ -229,7 +236,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
         model_uri = retrying("upload the final model", lambda: store.put_dir(final_dir, model_dir(spec.run_id)))
         metrics_uri = retrying("upload metrics",
                                lambda: store.put_file(metrics.path, run_metrics(spec.run_id)))
-        summary = summarize(metrics.records(), final_logs)
+        summary = summarize(metrics.records(), SUMMARY, final_logs)
         summary["checkpoint_wait_s"] = upload_wait_s
         result = TrainResult(
             run_id=spec.run_id, final_step=final_step, checkpoint=last_ref or checkpoints.latest_complete(spec.run_id),
@@ -237,7 +244,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
         )
         retrying("write train_result.json", lambda: store.write_text(result.model_dump_json(indent=1),
                                                                     train_result(spec.run_id)))
-    _write_json_atomic(spec.workdir / RESULT_FILE, json.loads(result.model_dump_json()))
+    write_json_atomic(spec.workdir / RESULT_FILE, json.loads(result.model_dump_json()))
     print(f"training done: step {final_step}, model at {model_uri}", flush=True)
     return result
 
@@ -298,41 +305,6 @@ def export_model(checkpoint_dir: Path, final_dir: Path) -> None:
     tokenizer.save_pretrained(final_dir)
 
 
-SUMMARY_KEYS = ("reward", "reward_std", "kl", "entropy", "completions/mean_length", "loss")
-
-
-def summarize(records: list[dict[str, Any]], final_logs: dict[str, float]) -> dict[str, float]:
-    """Last-step training metrics plus the run totals HF reports at the end (train_runtime, ...)."""
-    out: dict[str, float] = {}
-    if records:
-        last = records[-1]
-        for key, value in last.items():
-            if isinstance(value, (int, float)) and (key in SUMMARY_KEYS or key.startswith("rewards/")):
-                out[f"final_{key}"] = float(value)
-        rewards = [r["reward"] for r in records if isinstance(r.get("reward"), (int, float))]
-        if rewards:
-            out["mean_reward"] = sum(rewards) / len(rewards)
-    for key in ("train_runtime", "train_loss", "train_steps_per_second"):
-        if isinstance(final_logs.get(key), (int, float)):
-            out[key] = float(final_logs[key])
-    return out
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
-def _exit_code(exc: BaseException) -> int:
-    if isinstance(exc, (ConfigError, DataError)):
-        return EXIT_USER_ERROR
-    if isinstance(exc, InfraError):
-        return EXIT_RETRYABLE
-    return EXIT_FAILED
-
-
 def classify(exc: Exception, workdir: Path) -> Exception:
     """Disk-full / permission trouble anywhere in the cause chain → a ConfigError naming the path and the fix.
 
@@ -370,7 +342,7 @@ def _report(exc: Exception, error_file: Path) -> None:
     error = {"type": type(exc).__name__, "message": str(exc),
              "retryable": isinstance(exc, VerlGrpoError) and exc.retryable}
     try:
-        _write_json_atomic(error_file, error)
+        write_json_atomic(error_file, error)
     except OSError as e:
         print(f"(could not write {error_file}: {e.strerror or e})", file=sys.stderr, flush=True)
 
@@ -385,15 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     termination.install()
     spec_path = Path(argv[0])
     try:
-        for stale in ("error.json", RESULT_FILE):  # a previous attempt's outcome must not describe this one
+        for stale in (ERROR_FILE, RESULT_FILE):  # a previous attempt's outcome must not describe this one
             (spec_path.parent / stale).unlink(missing_ok=True)
         spec = load_spec(spec_path)
         run(spec, termination)
         return 0
     except Exception as exc:  # noqa: BLE001 - the process boundary: every failure becomes error.json + exit code
         exc = classify(exc, spec_path.parent)
-        _report(exc, spec_path.parent / "error.json")
-        return _exit_code(exc)
+        _report(exc, spec_path.parent / ERROR_FILE)
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -27,16 +27,26 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
-from verl_grpo.errors import ConfigError, DataError, InfraError, TrainingError
-from verl_grpo.layout import METRICS_FILE, STEP_PREFIX, model_dir, run_metrics, step_dir_name, train_result
+from verl_grpo.errors import ConfigError, DataError, TrainingError
+from verl_grpo.layout import model_dir, run_metrics, step_dir_name, train_result
 from verl_grpo.store import Store
+from verl_grpo.trainers.protocol import (
+    METRICS_FILE,
+    STEP_PREFIX,
+    LocalCheckpoints,
+    SummaryNames,
+    restore_latest as restore_from_store,
+    summarize,
+    write_jsonl_atomic,
+    write_text_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +106,11 @@ class StoreSettings:
     def verl_metrics_path(self) -> Path:
         """verl's file logger output of this process."""
         return self.metrics_dir / "verl.jsonl"
+
+    @property
+    def local_checkpoints(self) -> LocalCheckpoints:
+        """verl's `global_step_{N}` dirs in trainer.default_local_dir."""
+        return LocalCheckpoints(self.checkpoint_dir, STEP_PREFIX)
 
     def store(self) -> Store:
         return Store(self.uri, self.endpoint_url)
@@ -197,41 +212,20 @@ def merged_metrics(settings: StoreSettings, upto_step: int | None = None) -> lis
     return [by_step[s] for s in sorted(by_step)]
 
 
-def write_records(path: Path, records: Sequence[Mapping[str, Any]]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
-    tmp.replace(path)
-    return path
-
-
-SUMMARY_KEYS = {
-    "critic/score/mean": "final_reward",
-    "critic/rewards/mean": "final_rewards_mean",
-    "actor/entropy": "final_entropy",
-    "actor/pg_loss": "final_loss",
-    "actor/kl_loss": "final_kl",
-    "response_length/mean": "final_completions_mean_length",
-}
-
-
-def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Final-step training metrics (verl names → the TRL backend's summary names) and the mean reward."""
-    out: dict[str, float] = {}
-    train = [r for r in records if r["step"] > 0]
-    if train:
-        last = train[-1]
-        for key, name in SUMMARY_KEYS.items():
-            if isinstance(last.get(key), (int, float)):
-                out[name] = float(last[key])
-        for key, value in last.items():
-            if key.startswith("val-core/") and isinstance(value, (int, float)):
-                out[key] = float(value)
-        rewards = [r["critic/score/mean"] for r in train if isinstance(r.get("critic/score/mean"), (int, float))]
-        if rewards:
-            out["mean_reward"] = sum(rewards) / len(rewards)
-    return out
+SUMMARY = SummaryNames(
+    final={
+        "critic/score/mean": "final_reward",
+        "critic/rewards/mean": "final_rewards_mean",
+        "actor/entropy": "final_entropy",
+        "actor/pg_loss": "final_loss",
+        "actor/kl_loss": "final_kl",
+        "response_length/mean": "final_completions_mean_length",
+    },
+    reward="critic/score/mean",
+    final_prefixes={"val-core/": "val-core/"},
+    first_step=1,
+)
+"""verl's metric names → the summary names the TRL backend uses; step 0 is verl's initial validation."""
 
 
 # ---- commit ----------------------------------------------------------------------------------------------------------
@@ -240,7 +234,7 @@ def prepare_upload(settings: StoreSettings, step_dir: Path, step: int) -> Path:
     """Check, stage and add the metrics so far: the directory that `CheckpointStore.save` uploads."""
     check_complete(step_dir)
     staged = stage(step_dir, settings.checkpoint_dir / STAGING_DIR)
-    write_records(staged / METRICS_FILE, merged_metrics(settings, upto_step=step))
+    write_jsonl_atomic(staged / METRICS_FILE, merged_metrics(settings, upto_step=step))
     return staged
 
 
@@ -325,26 +319,8 @@ def _select(config: Any, dotted: str) -> Any:
 # ---- restore ---------------------------------------------------------------------------------------------------------
 
 def write_tracker(checkpoint_dir: Path, step: int) -> Path:
-    """verl's `latest_checkpointed_iteration.txt`, written atomically (tmp + fsync + rename)."""
-    checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    target = checkpoint_dir / TRACKER_FILE
-    tmp = checkpoint_dir / f".{TRACKER_FILE}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(str(int(step)))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
-
-
-def local_steps(checkpoint_dir: Path) -> list[int]:
-    out = []
-    for p in Path(checkpoint_dir).glob(f"{STEP_PREFIX}*"):
-        suffix = p.name[len(STEP_PREFIX):]
-        if p.is_dir() and suffix.isdigit():
-            out.append(int(suffix))
-    return sorted(out)
+    """verl's `latest_checkpointed_iteration.txt`, written atomically."""
+    return write_text_atomic(Path(checkpoint_dir) / TRACKER_FILE, str(int(step)))
 
 
 def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None = None) -> int | None:
@@ -354,27 +330,18 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
     so verl's resume_mode=auto can only pick a checkpoint whose every file matched the manifest's sha256.
     """
     checkpoints = checkpoints or CheckpointStore(settings.store())
-    ref = checkpoints.latest_complete(settings.run_id)
     local = settings.checkpoint_dir
     local.mkdir(parents=True, exist_ok=True)
-    tracker = local / TRACKER_FILE
     # Remove the tracker first: a crash below must leave "start fresh", never a pointer to a half-restored dir.
-    tracker.unlink(missing_ok=True)
-    keep = ref.step if ref is not None else None
-    for step in local_steps(local):
-        if step != keep:
-            shutil.rmtree(local / step_dir_name(step))
+    (local / TRACKER_FILE).unlink(missing_ok=True)
     shutil.rmtree(local / STAGING_DIR, ignore_errors=True)
-    if ref is None:
-        write_records(settings.history_path, [])
+    restored = restore_from_store(checkpoints, settings.run_id, settings.local_checkpoints)
+    if restored is None:
+        write_jsonl_atomic(settings.history_path, [])
         print(f"no committed checkpoint of run {settings.run_id}; verl starts from scratch", flush=True)
         return None
-    step_dir = local / step_dir_name(ref.step)
-    checkpoints.restore(ref, step_dir)
-    expected = {e["path"] for e in checkpoints.manifest(ref.run_id, ref.step)["files"]}
-    for extra in [p for p in step_dir.rglob("*") if p.is_file() and p.relative_to(step_dir).as_posix() not in expected]:
-        extra.unlink()  # leftovers of an interrupted local save must not mix with the verified files
-    write_records(settings.history_path, read_records(step_dir / METRICS_FILE))
+    ref, step_dir = restored
+    write_jsonl_atomic(settings.history_path, read_records(step_dir / METRICS_FILE))
     write_tracker(local, ref.step)
     print(f"restored checkpoint step {ref.step} of run {settings.run_id} from {ref.uri}", flush=True)
     return ref.step
@@ -451,22 +418,10 @@ def finalize(settings: StoreSettings, backend: str = "fsdp", train_batch_size: i
     store.rm(model_dir(settings.run_id))
     model_uri = store.put_dir(merged, model_dir(settings.run_id))
     records = merged_metrics(settings)
-    local_metrics = write_records(settings.metrics_dir / METRICS_FILE, records)
+    local_metrics = write_jsonl_atomic(settings.metrics_dir / METRICS_FILE, records)
     metrics_uri = store.put_file(local_metrics, run_metrics(settings.run_id))
     result = TrainResult(run_id=settings.run_id, final_step=final_step, checkpoint=ref, model_uri=model_uri,
-                         metrics_uri=metrics_uri, summary=summarize(records))
+                         metrics_uri=metrics_uri, summary=summarize(records, SUMMARY))
     store.write_text(result.model_dump_json(indent=1), train_result(settings.run_id))
     print(f"training done: step {final_step}, model at {model_uri}", flush=True)
     return result
-
-
-EXIT_USER_ERROR, EXIT_RETRYABLE, EXIT_FAILED = 2, 75, 1
-"""Exit codes of the entries (same as the TRL worker): user fix, retry from the checkpoint, failure."""
-
-
-def exit_code(exc: BaseException) -> int:
-    if isinstance(exc, (ConfigError, DataError)):
-        return EXIT_USER_ERROR
-    if isinstance(exc, InfraError):
-        return EXIT_RETRYABLE
-    return EXIT_FAILED

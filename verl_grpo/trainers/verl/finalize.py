@@ -11,7 +11,8 @@ import argparse
 import sys
 
 from verl_grpo.errors import VerlGrpoError
-from verl_grpo.trainers.verl.checkpoints import MERGE_BACKENDS, StoreSettings, exit_code, finalize
+from verl_grpo.trainers.protocol import exit_code
+from verl_grpo.trainers.verl.checkpoints import MERGE_BACKENDS, StoreSettings, finalize
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from verl_grpo.errors import VerlGrpoError
-from verl_grpo.trainers.verl.checkpoints import StoreSettings, exit_code, fetch_dataset, restore_latest
+from verl_grpo.trainers.protocol import exit_code
+from verl_grpo.trainers.verl.checkpoints import StoreSettings, fetch_dataset, restore_latest
 
 
 def main(argv: list[str] | None = None) -> int:
