@@ -20,9 +20,9 @@ from verl_grpo.trainers.trl.backend import (
 from verl_grpo.trainers.trl.callbacks import (
     MetricsLog,
     Termination,
-    progress_line,
     read_metrics,
 )
+from verl_grpo.trainers.trl.progress import progress_line
 
 
 def _cfg(*overrides: str):

@@ -1,7 +1,7 @@
 """The contract both training backends keep with the pipeline, the providers and each other.
 
-A backend is a `Trainer` (plan the training command of a run) plus the processes that command starts.
-Those processes share one worker protocol:
+A backend is a `Trainer` (plan the training command of a run; read its own log lines back as `TrainProgress`)
+plus the processes that command starts. Those processes share one worker protocol:
 
 - exit codes: 0 done, 2 the user must fix something, 75 a retry resumes from the last checkpoint, 1 any other
   failure (`exit_code`); a provider turns them back into error types without reading messages;
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ERROR_FILE", "EXIT_FAILED", "EXIT_OK", "EXIT_RETRYABLE", "EXIT_USER_ERROR", "METRICS_FILE", "RESULT_FILE",
-    "STEP_PREFIX", "TRAIN_RESULT", "LocalCheckpoints", "SummaryNames", "Trainer", "exit_code", "restore_latest",
-    "summarize", "write_json_atomic", "write_jsonl_atomic", "write_text_atomic",
+    "STEP_PREFIX", "TRAIN_RESULT", "LocalCheckpoints", "SummaryNames", "TrainProgress", "Trainer", "exit_code",
+    "numbers", "restore_latest", "summarize", "write_json_atomic", "write_jsonl_atomic", "write_text_atomic",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR, EXIT_RETRYABLE = 0, 1, 2, 75
@@ -56,8 +56,35 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_FAILED
 
 
+# ---- progress --------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """One training step as the trainer's log reports it (for progress bars and reward charts)."""
+
+    step: int
+    total_steps: int
+    reward: float | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * min(self.step, self.total_steps) / max(self.total_steps, 1)
+
+
+def numbers(pairs: Iterable[Sequence[str]]) -> dict[str, float]:
+    """`{key: float(value)}` of the (key, value) pairs of a log line whose value is a number; others are dropped."""
+    out = {}
+    for key, value in pairs:
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
 class Trainer(Protocol):
-    """A training backend: how a run config becomes a training command."""
+    """A training backend: how a run config becomes a training command, and how its log reports progress."""
 
     name: str
 
@@ -66,6 +93,9 @@ class Trainer(Protocol):
 
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
         """Validate and render the training command offline; no side effects beyond writing the spec file."""
+
+    def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
+        """The TrainProgress one line of this backend's training log reports, or None for any other line."""
 
 
 # ---- atomic local files ----------------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
-from verl_grpo.trainers.protocol import write_json_atomic
+from verl_grpo.trainers.protocol import TrainProgress, write_json_atomic
+from verl_grpo.trainers.trl import progress
 
 SPEC_VERSION = 1
 SPEC_FILE = "train_spec.json"
@@ -197,6 +198,10 @@ class TrlTrainer:
             spec_uri=str(spec_path),
             total_steps=cfg.algorithm.total_steps,
         )
+
+    def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
+        """The worker's `step k/N reward=… loss=…` lines (see trl.progress)."""
+        return progress.parse_progress(line, total_steps)
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:

@@ -22,6 +22,7 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
 from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
+from verl_grpo.trainers.trl.progress import progress_line
 
 
 class MetricsLog:
@@ -144,15 +145,3 @@ def say(line: str) -> None:
     """One whole line to stdout: the upload thread and the training thread both report progress."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def progress_line(record: dict[str, Any], total_steps: int) -> str:
-    """`step k/N reward=… loss=… s/step=…`: the single line the orchestrator streams."""
-    parts = [f"step {record['step']}/{total_steps}"]
-    for key, label in (("reward", "reward"), ("reward_std", "reward_std"), ("loss", "loss"), ("kl", "kl"),
-                       ("completions/mean_length", "len"), ("step_time", "s/step")):
-        value = record.get(key)
-        if isinstance(value, (int, float)):
-            parts.append(f"{label}={value:.4g}")
-    return " ".join(parts)
-

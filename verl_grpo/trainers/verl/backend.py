@@ -22,6 +22,8 @@ from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.layout import dataset_dir
 from verl_grpo.store import Store, local_path
+from verl_grpo.trainers.protocol import TrainProgress
+from verl_grpo.trainers.verl import progress
 from verl_grpo.trainers.verl.checkpoints import CALLBACK_CLASS, checkpoint_env
 
 MAIN_MODULE = "verl.trainer.main_ppo"
@@ -356,6 +358,10 @@ class VerlTrainer:
             overrides=overrides,
             total_steps=cfg.algorithm.total_steps,
         )
+
+    def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
+        """verl's console `step:k - critic/score/mean:… - …` lines (see verl.progress)."""
+        return progress.parse_progress(line, total_steps)
 
 
 DATASET_URI_ENV = "VERL_GRPO_DATASET_URI"
