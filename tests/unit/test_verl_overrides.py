@@ -39,7 +39,7 @@ def test_maps_grpo_settings_to_verl_keys():
     assert o["trainer.nnodes"] == "2" and o["trainer.n_gpus_per_node"] == "8"
     assert o["trainer.resume_mode"] == "auto"
     assert o["trainer.default_local_dir"] == "/w/checkpoints/r1"
-    assert o["trainer.checkpoint_callback_class"] == "verl_grpo.trainers.verl.checkpoints.StoreCheckpointCallback"
+    assert o["trainer.checkpoint_callback_class"] == "verl_grpo.trainers.verl.callback.StoreCheckpointCallback"
     assert o["reward.custom_reward_function.path"] == "pkg://verl_grpo.rewards"
     assert o["reward.custom_reward_function.name"] == "compute_score"
     assert o["actor_rollout_ref.model.path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -27,7 +27,7 @@ from verl_grpo.trainers.verl.backend import (
     finalize_command,
     restore_command,
 )
-from verl_grpo.trainers.verl.checkpoints import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
+from verl_grpo.trainers.verl.settings import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""

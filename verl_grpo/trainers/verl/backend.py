@@ -24,7 +24,8 @@ from verl_grpo.layout import dataset_dir
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.verl import progress
-from verl_grpo.trainers.verl.checkpoints import CALLBACK_CLASS, checkpoint_env
+from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
+from verl_grpo.trainers.verl.settings import checkpoint_env
 
 MAIN_MODULE = "verl.trainer.main_ppo"
 REWARD_MODULE = "pkg://verl_grpo.rewards"
