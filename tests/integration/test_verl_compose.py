@@ -6,7 +6,8 @@ import pytest
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
-from verl_grpo.trainers.verl.backend import VerlPaths, compose_verl_config, validate_verl_overrides, verl_overrides
+from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
+from verl_grpo.trainers.verl.validation import compose_verl_config, validate_verl_overrides
 
 FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 

@@ -12,7 +12,8 @@ from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.trainers.verl.settings import checkpoint_env
-from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV, VerlPaths, verl_overrides
+from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
+from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"

@@ -6,7 +6,7 @@ import pytest
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
-from verl_grpo.trainers.verl.backend import VerlPaths, gpus_per_node, verl_overrides
+from verl_grpo.trainers.verl.overrides import VerlPaths, gpus_per_node, verl_overrides
 
 FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
@@ -99,7 +99,7 @@ def test_gpus_per_node_rejects_fractions_and_missing():
 
 def test_services_switch_reward_and_tools():
     from verl_grpo.config import load_config
-    from verl_grpo.trainers.verl.backend import REMOTE_REWARD_MODULE, VerlPaths, run_paths, verl_overrides
+    from verl_grpo.trainers.verl.overrides import REMOTE_REWARD_MODULE, VerlPaths, run_paths, verl_overrides
 
     cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.accelerators=H100:8",
                                   "services.enabled=[reward, retrieval]"], env={})
