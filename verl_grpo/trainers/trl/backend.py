@@ -27,9 +27,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress, write_json_atomic
 from verl_grpo.trainers.trl import progress
-
-SPEC_VERSION = 1
-SPEC_FILE = "train_spec.json"
+from verl_grpo.trainers.trl.spec import SPEC_FILE, SPEC_VERSION
 
 # verl `loss_agg_mode` → TRL `loss_type`, by how each normalises the summed per-token losses:
 #   token-mean              ÷ active tokens of the whole step (all micro-batches) → "dapo"
