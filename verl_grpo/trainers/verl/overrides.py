@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
+from verl_grpo.models import MODEL_ALIASES
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
 
 REWARD_MODULE = "pkg://verl_grpo.rewards"
@@ -20,11 +21,6 @@ REMOTE_REWARD_MODULE = "pkg://verl_grpo.services.reward_client"
 """Scores through the job group's reward-server (same compute_score signature, awaited by verl's reward loop)."""
 SEARCH_TOOL_CONFIG = "infra/verl/search_tool.yaml"
 """Search-R1 style `search` tool backed by the retrieval-server; relative to the task's workdir (the repo)."""
-
-_CLUSTER_MODEL_IDS = {
-    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
-}
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ def cluster_model_path(name: str) -> str:
             "model.name 'tiny' is built locally for tests and cannot be trained by verl on a cluster; "
             "set model.name to `smollm2-135m` or an HF id such as Qwen/Qwen2.5-0.5B-Instruct"
         )
-    return _CLUSTER_MODEL_IDS.get(name.lower(), name)
+    return MODEL_ALIASES.get(name.lower(), name)
 
 
 def gpus_per_node(cfg: RunConfig) -> int:
