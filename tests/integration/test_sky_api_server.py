@@ -25,7 +25,7 @@ import sky
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.providers.skypilot import boundary, templates
-from verl_grpo.trainers.verl_backend import VerlPaths, verl_overrides
+from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
 
 cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
                        "infra.nodes=2", "infra.spot=true", "skypilot.shape=job_group", "storage.uri=s3://b/store"])

@@ -171,7 +171,7 @@ def test_plan_validates_offline_before_writing_anything(tmp_path, tiny_model_dir
 
     spec, store = plan_run(tmp_path, tiny_model_dir, data_mirror, "trainer.threads=2")
     written = json.loads(Path(spec.spec_uri).read_text())
-    assert spec.command[-3:] == ["-m", "verl_grpo.trainers.trl_worker", spec.spec_uri]
+    assert spec.command[-3:] == ["-m", "verl_grpo.trainers.trl.worker", spec.spec_uri]
     assert spec.total_steps == 4 and spec.backend == "trl" and spec.run_id == RUN_ID
     assert spec.env["TOKENIZERS_PARALLELISM"] == "false" and spec.env["OMP_NUM_THREADS"] == "2"
     assert written["config"]["algorithm"]["train_batch_size"] == 4

@@ -18,7 +18,12 @@ from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
-from verl_grpo.trainers import verl_checkpoints as vc
+from verl_grpo.trainers.protocol import EXIT_USER_ERROR
+from verl_grpo.trainers.verl.callback import StoreCheckpointCallback
+from verl_grpo.trainers.verl.finalize import finalize
+from verl_grpo.trainers.verl.metrics import read_records
+from verl_grpo.trainers.verl.restore import restore_latest
+from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, checkpoint_env
 
 
 def write_step(ckpt_dir: Path, step: int, world: int = 1, ranks=None, model_dir: Path | None = None) -> Path:
@@ -41,11 +46,11 @@ def write_step(ckpt_dir: Path, step: int, world: int = 1, ranks=None, model_dir:
         torch.save({"rng": rank}, actor / f"extra_state_world_size_{world}_rank_{rank}.pt")
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
     torch.save({"_num_yielded": step, "_sampler_iter_yielded": step}, step_dir / "data.pt")
-    (ckpt_dir / vc.TRACKER_FILE).write_text(str(step))
+    (ckpt_dir / TRACKER_FILE).write_text(str(step))
     return step_dir
 
 
-def log_step(settings: vc.StoreSettings, step: int, reward: float) -> None:
+def log_step(settings: StoreSettings, step: int, reward: float) -> None:
     """One line of verl's `file` logger."""
     settings.verl_metrics_path.parent.mkdir(parents=True, exist_ok=True)
     with open(settings.verl_metrics_path, "a") as f:
@@ -55,15 +60,15 @@ def log_step(settings: vc.StoreSettings, step: int, reward: float) -> None:
 @pytest.fixture
 def settings(s3_bucket, tmp_path):
     uri, endpoint = s3_bucket
-    return vc.StoreSettings(uri=uri, endpoint_url=endpoint, run_id="r1", checkpoint_dir=tmp_path / "ckpt", keep_last=2)
+    return StoreSettings(uri=uri, endpoint_url=endpoint, run_id="r1", checkpoint_dir=tmp_path / "ckpt", keep_last=2)
 
 
-def _callback(settings: vc.StoreSettings, total: int = 4) -> vc.StoreCheckpointCallback:
-    env = vc.checkpoint_env(settings.uri, settings.endpoint_url, settings.run_id, str(settings.checkpoint_dir),
+def _callback(settings: StoreSettings, total: int = 4) -> StoreCheckpointCallback:
+    env = checkpoint_env(settings.uri, settings.endpoint_url, settings.run_id, str(settings.checkpoint_dir),
                             settings.keep_last)
     config = {"trainer": {"default_local_dir": str(settings.checkpoint_dir), "total_training_steps": total},
               "data": {"train_batch_size": 8}}
-    return vc.StoreCheckpointCallback(config=config, env=env)
+    return StoreCheckpointCallback(config=config, env=env)
 
 
 def _store_checkpoints(settings) -> CheckpointStore:
@@ -88,7 +93,7 @@ def test_on_save_uploads_and_commits_with_step_data_position_and_metrics(setting
     store = Store(settings.uri, settings.endpoint_url)
     metrics = [json.loads(x) for x in store.read_text("runs/r1/checkpoints/global_step_2/metrics.jsonl").splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and metrics[0]["critic/score/mean"] == pytest.approx(0.1)
-    assert not (settings.checkpoint_dir / vc.STAGING_DIR / "global_step_2").exists()
+    assert not (settings.checkpoint_dir / STAGING_DIR / "global_step_2").exists()
 
 
 def test_upload_survives_verl_deleting_the_step_dir_during_the_upload(settings):
@@ -128,18 +133,18 @@ def test_restore_writes_the_tracker_and_never_picks_a_torn_local_dir(settings, t
         callback.on_save(trainer=None, global_step=step, checkpoint_dir=str(write_step(settings.checkpoint_dir, step)))
     callback.close()
     # A new node: its disk holds a torn step 3 (no data.pt, preempted mid-save) and a tracker pointing at it.
-    node = vc.StoreSettings(settings.uri, settings.endpoint_url, "r1", tmp_path / "node2" / "ckpt")
+    node = StoreSettings(settings.uri, settings.endpoint_url, "r1", tmp_path / "node2" / "ckpt")
     torn = write_step(node.checkpoint_dir, 3)
     (torn / "data.pt").unlink()
     (node.checkpoint_dir / "global_step_2" / "actor").mkdir(parents=True)
     (node.checkpoint_dir / "global_step_2" / "actor" / "stale.pt").write_bytes(b"left by an interrupted save")
 
-    assert vc.restore_latest(node) == 2
-    assert (node.checkpoint_dir / vc.TRACKER_FILE).read_text() == "2"
+    assert restore_latest(node) == 2
+    assert (node.checkpoint_dir / TRACKER_FILE).read_text() == "2"
     assert not torn.exists() and not (node.checkpoint_dir / "global_step_2" / "actor" / "stale.pt").exists()
     restored = torch.load(node.checkpoint_dir / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt")
     assert torch.equal(restored["w"], torch.full((4,), 2.0))
-    assert [r["step"] for r in vc.read_records(node.history_path)] == [1, 2]
+    assert [r["step"] for r in read_records(node.history_path)] == [1, 2]
 
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
@@ -148,23 +153,23 @@ def test_restore_writes_the_tracker_and_never_picks_a_torn_local_dir(settings, t
 
 def test_restore_without_a_committed_checkpoint_starts_fresh(settings):
     write_step(settings.checkpoint_dir, 5)  # local only: never committed, so never trusted
-    assert vc.restore_latest(settings) is None
-    assert not (settings.checkpoint_dir / vc.TRACKER_FILE).exists()
-    assert vc.local_steps(settings.checkpoint_dir) == []
+    assert restore_latest(settings) is None
+    assert not (settings.checkpoint_dir / TRACKER_FILE).exists()
+    assert settings.local_checkpoints.steps() == []
 
 
 def test_restore_entry_fetches_the_dataset_when_not_mounted(settings, monkeypatch, tmp_path):
-    from verl_grpo.trainers import verl_restore
+    from verl_grpo.trainers.verl import restore as verl_restore
 
     store = Store(settings.uri, settings.endpoint_url)
     store.write_text("parquet-bytes", "datasets/gsm8k/h1/train.parquet")
-    for k, v in vc.checkpoint_env(settings.uri, settings.endpoint_url, "r1", str(settings.checkpoint_dir), 2).items():
+    for k, v in checkpoint_env(settings.uri, settings.endpoint_url, "r1", str(settings.checkpoint_dir), 2).items():
         monkeypatch.setenv(k, v)
     dest = tmp_path / "data"
     assert verl_restore.main(["--dataset-uri", store.url("datasets/gsm8k/h1"), "--dataset-dir", str(dest)]) == 0
     assert (dest / "train.parquet").read_text() == "parquet-bytes"
     assert verl_restore.main(["--dataset-uri", store.url("datasets/gsm8k/missing"),
-                              "--dataset-dir", str(tmp_path / "d2")]) == vc.EXIT_USER_ERROR
+                              "--dataset-dir", str(tmp_path / "d2")]) == EXIT_USER_ERROR
 
 
 def test_finalize_merges_with_verls_model_merger_and_publishes_the_result(settings, tiny_model_dir):
@@ -176,7 +181,7 @@ def test_finalize_merges_with_verls_model_merger_and_publishes_the_result(settin
     write_step(settings.checkpoint_dir, 2, model_dir=tiny_model_dir)  # final save whose upload was lost
     log_step(settings, 2, reward=0.75)
 
-    result = vc.finalize(settings, backend="fsdp2", train_batch_size=8)
+    result = finalize(settings, backend="fsdp2", train_batch_size=8)
 
     store = Store(settings.uri, settings.endpoint_url)
     assert TrainResult.model_validate_json(store.read_text("runs/r1/train_result.json")) == result

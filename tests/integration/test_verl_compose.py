@@ -6,7 +6,8 @@ import pytest
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
-from verl_grpo.trainers.verl_backend import VerlPaths, compose_verl_config, validate_verl_overrides, verl_overrides
+from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
+from verl_grpo.trainers.verl.validation import compose_verl_config, validate_verl_overrides
 
 FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 
@@ -25,7 +26,7 @@ def test_gsm8k_overrides_compose_and_validate():
     assert config.actor_rollout_ref.rollout.n == 4
     assert config.actor_rollout_ref.actor.clip_ratio_high == 0.28
     assert list(config.trainer.logger) == ["console", "mlflow", "file"]
-    assert config.trainer.checkpoint_callback_class == "verl_grpo.trainers.verl_checkpoints.StoreCheckpointCallback"
+    assert config.trainer.checkpoint_callback_class == "verl_grpo.trainers.verl.callback.StoreCheckpointCallback"
     assert any("checkpoint callback" in c for c in result.checks)
 
 
@@ -57,7 +58,7 @@ def test_indivisible_batch_fails_with_verls_validate_message():
 
 
 def test_unloadable_checkpoint_callback_fails_with_verls_loader_message():
-    overrides = _overrides() + ["trainer.checkpoint_callback_class=verl_grpo.trainers.verl_checkpoints.NoSuchCallback"]
+    overrides = _overrides() + ["trainer.checkpoint_callback_class=verl_grpo.trainers.verl.callback.NoSuchCallback"]
     with pytest.raises(ConfigError, match="NoSuchCallback"):
         validate_verl_overrides(overrides, check_reward=False)
 
@@ -66,7 +67,8 @@ def test_verl_builds_our_callback_from_the_composed_config(monkeypatch, tmp_path
     """verl's own build_checkpoint_callback (what PPOTrainer.__init__ calls) instantiates our class."""
     from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 
-    from verl_grpo.trainers.verl_checkpoints import StoreCheckpointCallback, checkpoint_env
+    from verl_grpo.trainers.verl.callback import StoreCheckpointCallback
+    from verl_grpo.trainers.verl.settings import checkpoint_env
 
     for k, v in checkpoint_env(f"file://{tmp_path}/store", None, "r1", "/w/ckpt", 2).items():
         monkeypatch.setenv(k, v)

@@ -35,6 +35,21 @@ def test_model_short_name(name, short):
     assert model_short_name(name) == short
 
 
+@pytest.mark.parametrize("alias", sorted(models.MODEL_ALIASES))
+def test_every_alias_names_the_same_model_locally_in_validate_and_on_a_cluster(alias, monkeypatch, tmp_path):
+    from verl_grpo.config import load_config
+    from verl_grpo.trainers.verl.overrides import cluster_model_path
+    from verl_grpo.validate import check_model
+
+    monkeypatch.setattr(models, "ensure_smollm2", lambda cache_dir: tmp_path / models.SMOLLM2_DIRNAME)
+    for spelling in (alias, alias.upper(), models.MODEL_ALIASES[alias]):
+        assert resolve_model(spelling) == tmp_path / models.SMOLLM2_DIRNAME
+        assert model_short_name(spelling) == "smollm2-135m"
+        assert cluster_model_path(spelling) == models.SMOLLM2_HF_ID
+        assert check_model(load_config(overrides=[f"model.name={spelling}"], env={})).detail.startswith(
+            "SmolLM2-135M-Instruct")
+
+
 def test_resolve_local_dir_and_hub_id(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model(str(tmp_path)) == tmp_path.resolve()

@@ -11,8 +11,9 @@ import yaml
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.providers.skypilot import templates
-from verl_grpo.trainers.verl_checkpoints import checkpoint_env
-from verl_grpo.trainers.verl_backend import DATASET_MOUNT_ENV, DATASET_URI_ENV, VerlPaths, verl_overrides
+from verl_grpo.trainers.verl.settings import checkpoint_env
+from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
+from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
@@ -70,9 +71,9 @@ def test_job_group_services_and_discovery():
 def test_trainer_restores_before_and_finalizes_after_main_ppo():
     trainer = list(yaml.safe_load_all(_render("job_group", {}).yaml))[-1]
     run = trainer["run"]
-    restore = run.index("python -m verl_grpo.trainers.verl_restore --dataset-uri s3://bucket/store/datasets/gsm8k/abc123")
+    restore = run.index("python -m verl_grpo.trainers.verl.restore --dataset-uri s3://bucket/store/datasets/gsm8k/abc123")
     train = run.index("python -m verl.trainer.main_ppo")
-    finalize = run.index("python -m verl_grpo.trainers.verl_finalize --backend fsdp2 --train-batch-size 8")
+    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size 8")
     assert restore < run.index('if [ "$SKYPILOT_NODE_RANK" = "0" ]') < train < finalize
     assert trainer["envs"]["VERL_GRPO_STORE_URI"] == "s3://bucket/store"
     assert trainer["envs"]["VERL_GRPO_CHECKPOINT_DIR"] == "/tmp/verl-grpo/checkpoints/run-1"

@@ -232,7 +232,7 @@ def test_existing_cluster_runs_the_round_with_sky_exec_not_a_managed_job():
     task = yaml.safe_load(yaml_str)
     assert task["name"] == "verl-grpo-run-1" and task["resources"]["ports"] == [8265]
     assert "job_recovery" not in task["resources"]  # sky exec: no managed-job recovery
-    assert "verl_grpo.trainers.verl_restore" in task["run"]
+    assert "verl_grpo.trainers.verl.restore" in task["run"]
     assert job.id == "my-h100s/1"
     assert [s.phase for s in _poll(provider, job)] == ["RUNNING", "SUCCEEDED"]
     assert list(provider.logs(job)) == ["my-h100s job 1 step 1"]

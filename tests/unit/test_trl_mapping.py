@@ -11,18 +11,18 @@ import pytest
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.trainers import TRAINERS, get_trainer
-from verl_grpo.trainers.trl_backend import (
+from verl_grpo.trainers.trl.backend import (
     LOSS_TYPES,
     batch_layout,
     grpo_args,
     trl_top_k,
 )
-from verl_grpo.trainers.trl_callbacks import (
+from verl_grpo.trainers.trl.callbacks import (
     MetricsLog,
     Termination,
-    progress_line,
     read_metrics,
 )
+from verl_grpo.trainers.trl.progress import progress_line
 
 
 def _cfg(*overrides: str):

@@ -6,7 +6,7 @@ import pytest
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
-from verl_grpo.trainers.verl_backend import VerlPaths, gpus_per_node, verl_overrides
+from verl_grpo.trainers.verl.overrides import VerlPaths, gpus_per_node, verl_overrides
 
 FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
@@ -39,7 +39,7 @@ def test_maps_grpo_settings_to_verl_keys():
     assert o["trainer.nnodes"] == "2" and o["trainer.n_gpus_per_node"] == "8"
     assert o["trainer.resume_mode"] == "auto"
     assert o["trainer.default_local_dir"] == "/w/checkpoints/r1"
-    assert o["trainer.checkpoint_callback_class"] == "verl_grpo.trainers.verl_checkpoints.StoreCheckpointCallback"
+    assert o["trainer.checkpoint_callback_class"] == "verl_grpo.trainers.verl.callback.StoreCheckpointCallback"
     assert o["reward.custom_reward_function.path"] == "pkg://verl_grpo.rewards"
     assert o["reward.custom_reward_function.name"] == "compute_score"
     assert o["actor_rollout_ref.model.path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -99,7 +99,7 @@ def test_gpus_per_node_rejects_fractions_and_missing():
 
 def test_services_switch_reward_and_tools():
     from verl_grpo.config import load_config
-    from verl_grpo.trainers.verl_backend import REMOTE_REWARD_MODULE, VerlPaths, run_paths, verl_overrides
+    from verl_grpo.trainers.verl.overrides import REMOTE_REWARD_MODULE, VerlPaths, run_paths, verl_overrides
 
     cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.accelerators=H100:8",
                                   "services.enabled=[reward, retrieval]"], env={})

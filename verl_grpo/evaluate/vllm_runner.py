@@ -35,7 +35,8 @@ from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval
 from verl_grpo.layout import eval_report, eval_spec, eval_table
 from verl_grpo.store import Store, filesystem_for, strip_scheme
-from verl_grpo.trainers.verl_checkpoints import ENV_STORE_ENDPOINT, exit_code
+from verl_grpo.trainers.protocol import exit_code
+from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 
 GPU_MEMORY_UTILIZATION = 0.9
 """The eval task has its GPUs to itself, so nearly all their memory (vLLM 0.24 defaults to 0.92); verl's rollouts share

@@ -35,7 +35,7 @@ SERVICES: dict[str, ServiceSpec] = {
         ServiceSpec("replay", "replay-buffer", "verl_grpo.services.replay_buffer", 8400),
     )
 }
-"""Config name (`services.enabled`) → spec; tasks, modules and ports match infra/skypilot templates."""
+"""Config name (`services.enabled`) → spec; the SkyPilot job and rollout groups render their tasks from it."""
 
 DEFAULT_TOKEN_ENV = "VERL_GRPO_SERVICES_TOKEN"
 

@@ -1,13 +1,13 @@
-"""Training backends, by `trainer.backend` name. A new backend is one module plus one line here."""
+"""Training backends, by `trainer.backend` name. A new backend is one subpackage plus one line here."""
 
 from __future__ import annotations
 
 from verl_grpo.plugins import load_named
-from verl_grpo.trainers.base import Trainer
+from verl_grpo.trainers.protocol import Trainer
 
 TRAINERS: dict[str, str] = {
-    "trl": "verl_grpo.trainers.trl_backend:TrlTrainer",
-    "verl": "verl_grpo.trainers.verl_backend:VerlTrainer",
+    "trl": "verl_grpo.trainers.trl.backend:TrlTrainer",
+    "verl": "verl_grpo.trainers.verl.backend:VerlTrainer",
 }
 
 

@@ -24,7 +24,7 @@ from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.paths import data_mirror_dir
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
-from verl_grpo.trainers.verl_backend import VerlTrainer
+from verl_grpo.trainers.verl.backend import VerlTrainer
 
 DRY_RUN_ID = "dry-run"
 

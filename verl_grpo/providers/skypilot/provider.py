@@ -75,7 +75,7 @@ class SkyPilotProvider:
         self._configs[name] = cfg
         endpoints = {}
         if cfg.skypilot.shape == "job_group":
-            endpoints = {svc: f"http://{svc}-0.{name}:{port}" for svc, (_, port) in templates.SERVICES.items()}
+            endpoints = {s.task: f"http://{s.task}-0.{name}:{s.port}" for s in templates.JOB_GROUP_SERVICES}
         return Cluster(provider=NAME, name=name, workdir=templates.REMOTE_WORKDIR, endpoints=endpoints)
 
     def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:

@@ -19,15 +19,16 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
+from verl_grpo.services import SERVICES, ServiceSpec
 from verl_grpo.store import local_path
-from verl_grpo.trainers.verl_backend import (
+from verl_grpo.trainers.verl.backend import (
     DATASET_MOUNT_ENV,
     DATASET_URI_ENV,
     SECRET_ENV_VARS,
     finalize_command,
     restore_command,
 )
-from verl_grpo.trainers.verl_checkpoints import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
+from verl_grpo.trainers.verl.settings import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
@@ -35,13 +36,10 @@ RAY_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
 TRAINER_TASK = "verl-trainer"
 
-SERVICES: dict[str, tuple[str, int]] = {
-    "data-server": ("verl_grpo.services.data_server", 8100),
-    "reward-server": ("verl_grpo.services.reward_server", 8200),
-    "retrieval-server": ("verl_grpo.services.retrieval_server", 8300),
-}
-"""Auxiliary job-group task → (module run as `python -m MODULE serve --port PORT`, port)."""
-REPLAY_BUFFER = ("verl_grpo.services.replay_buffer", 8400)
+JOB_GROUP_SERVICES: tuple[ServiceSpec, ...] = tuple(SERVICES[name] for name in ("data", "reward", "retrieval"))
+"""The job_group shape's auxiliary tasks, each `python -m MODULE serve --port PORT`."""
+REPLAY_BUFFER = SERVICES["replay"]
+"""The rollout_group shape's replay-buffer task."""
 ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
 ROUTER_PORT = 8080
 EVAL_MODULE = "verl_grpo.evaluate.vllm_runner"
@@ -102,12 +100,12 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
         return RenderedTask(ctx["name"], shape, _render("verl-multinode.yaml.j2", ctx))
     if shape == "job_group":
         ctx["services"] = [
-            {"name": name, "cpus": "4+", "port": port,
-             "command": shlex.join(["python", "-m", module, "serve", "--host", "0.0.0.0", "--port", str(port),
-                                    *service_args(name, spec)])}
-            for name, (module, port) in SERVICES.items()
+            {"name": s.task, "cpus": "4+", "port": s.port,
+             "command": shlex.join(["python", "-m", s.module, "serve", "--host", "0.0.0.0", "--port", str(s.port),
+                                    *service_args(s.task, spec)])}
+            for s in JOB_GROUP_SERVICES
         ]
-        ctx["exports"] = [_export_url(name, port) for name, (_, port) in SERVICES.items()]
+        ctx["exports"] = [_export_url(s.task, s.port, s.url_env) for s in JOB_GROUP_SERVICES]
         return RenderedTask(ctx["name"], shape, _render("job-group.yaml.j2", ctx))
     return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", _rollout_context(cfg, spec, ctx)))
 
@@ -245,7 +243,6 @@ def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
         servers.append({"name": f"rollout-{i}", "command": shlex.join(cmd)})
     workers = " ".join(f"http://rollout-{i}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}" for i in range(len(servers)))
     router = "python -m sglang_router.launch_router" if engine == "sglang" else "vllm-router"
-    module, replay_port = REPLAY_BUFFER
     ctx.update(
         engine=engine,
         rollout_servers=servers,
@@ -253,10 +250,11 @@ def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
         service_accelerators=cfg.skypilot.service_accelerators or cfg.infra.accelerators,
         router_port=ROUTER_PORT,
         router_command=f"{router} --host 0.0.0.0 --port {ROUTER_PORT} --worker-urls {workers}",
-        replay_port=replay_port,
-        replay_command=shlex.join(["python", "-m", module, "serve", "--host", "0.0.0.0", "--port", str(replay_port)]),
+        replay_port=REPLAY_BUFFER.port,
+        replay_command=shlex.join(["python", "-m", REPLAY_BUFFER.module, "serve", "--host", "0.0.0.0", "--port",
+                                   str(REPLAY_BUFFER.port)]),
         exports=[_export_url("router", ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
-                 _export_url("replay-buffer", replay_port)],
+                 _export_url(REPLAY_BUFFER.task, REPLAY_BUFFER.port, REPLAY_BUFFER.url_env)],
     )
     return ctx
 
@@ -269,8 +267,7 @@ def _served_model(spec: TrainSpec) -> str:
                       "actor_rollout_ref.model.path override (use trainer.backend=verl)")
 
 
-def _export_url(task: str, port: int, var: str | None = None) -> str:
-    var = var or f"VERL_GRPO_{task.upper().replace('-', '_')}_URL"
+def _export_url(task: str, port: int, var: str) -> str:
     return f'export {var}="http://{task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"'
 
 

@@ -1,6 +1,6 @@
 """TRL backend: RunConfig → `trl.GRPOConfig` (pure mapping) and the worker command (`plan`).
 
-Training itself runs in a separate process (`python -m verl_grpo.trainers.trl_worker SPEC`), so a
+Training itself runs in a separate process (`python -m verl_grpo.trainers.trl.worker SPEC`), so a
 provider can run, watch, kill and restart it like any other job.
 
 Batch semantics (TRL 1.16, `GRPOConfig.__post_init__` and `GRPOTrainer._prepare_inputs`): the
@@ -16,7 +16,6 @@ per-device batch counts *completions*, not prompts. One optimizer step here cons
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,9 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
-
-SPEC_VERSION = 1
-SPEC_FILE = "train_spec.json"
-RESULT_FILE = "result.json"
+from verl_grpo.trainers.protocol import TrainProgress, write_json_atomic
+from verl_grpo.trainers.trl import progress
+from verl_grpo.trainers.trl.spec import SPEC_FILE, SPEC_VERSION
 
 # verl `loss_agg_mode` → TRL `loss_type`, by how each normalises the summed per-token losses:
 #   token-mean              ÷ active tokens of the whole step (all micro-batches) → "dapo"
@@ -189,19 +187,19 @@ class TrlTrainer:
             "model_name": cfg.model.name,
             "model_path": _local_model_path(cfg, cluster),
         }
-        workdir.mkdir(parents=True, exist_ok=True)
-        spec_path = workdir / SPEC_FILE
-        tmp = spec_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(spec, indent=1))
-        tmp.replace(spec_path)
+        spec_path = write_json_atomic(workdir / SPEC_FILE, spec)
         return TrainSpec(
             backend=self.name,
             run_id=run_id,
-            command=[sys.executable, "-m", "verl_grpo.trainers.trl_worker", str(spec_path)],
+            command=[sys.executable, "-m", "verl_grpo.trainers.trl.worker", str(spec_path)],
             env=worker_env(cfg),
             spec_uri=str(spec_path),
             total_steps=cfg.algorithm.total_steps,
         )
+
+    def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
+        """The worker's `step k/N reward=… loss=…` lines (see trl.progress)."""
+        return progress.parse_progress(line, total_steps)
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:

@@ -21,7 +21,8 @@ from transformers import TrainerCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
-from verl_grpo.layout import METRICS_FILE
+from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
+from verl_grpo.trainers.trl.progress import progress_line
 
 
 class MetricsLog:
@@ -36,10 +37,7 @@ class MetricsLog:
     def reset(self, source: Path | None = None, upto_step: int = 0) -> None:
         """Start over from `source`'s lines up to `upto_step` (a restored checkpoint), or empty."""
         kept = [r for r in read_metrics(source) if r["step"] <= upto_step] if source else []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(self.path)
+        write_jsonl_atomic(self.path, kept)
 
     def append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
@@ -147,15 +145,3 @@ def say(line: str) -> None:
     """One whole line to stdout: the upload thread and the training thread both report progress."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def progress_line(record: dict[str, Any], total_steps: int) -> str:
-    """`step k/N reward=… loss=… s/step=…`: the single line the orchestrator streams."""
-    parts = [f"step {record['step']}/{total_steps}"]
-    for key, label in (("reward", "reward"), ("reward_std", "reward_std"), ("loss", "loss"), ("kl", "kl"),
-                       ("completions/mean_length", "len"), ("step_time", "s/step")):
-        value = record.get(key)
-        if isinstance(value, (int, float)):
-            parts.append(f"{label}={value:.4g}")
-    return " ".join(parts)
-

@@ -1,0 +1,39 @@
+"""Each backend reads its own training log lines back as TrainProgress (`get_trainer(backend).parse_progress`)."""
+
+from __future__ import annotations
+
+from verl_grpo.trainers import get_trainer
+from verl_grpo.trainers.protocol import TrainProgress
+from verl_grpo.trainers.trl.progress import progress_line
+
+NOT_STEP_LINES = ("checkpoint step 2 committed to file:///x", "resuming run r from checkpoint step 2",
+                  "training done: step 8, model at file:///m", "")
+
+
+def test_trl_reads_the_workers_step_lines():
+    parse = get_trainer("trl").parse_progress
+    trl = parse("step 3/8 reward=0.25 reward_std=0.1 loss=0.01 s/step=2.5", 100)
+    assert (trl.step, trl.total_steps, trl.reward) == (3, 8, 0.25)
+    assert trl.metrics == {"reward": 0.25, "reward_std": 0.1, "loss": 0.01, "s/step": 2.5}
+    assert trl.percent == 37.5
+    assert parse("step 2/8", 8) == TrainProgress(2, 8, None, {})
+    assert parse("step:5 - critic/score/mean:0.75", 10) is None
+    assert all(parse(line, 8) is None for line in NOT_STEP_LINES)
+
+
+def test_trl_parses_what_its_worker_prints():
+    line = progress_line({"step": 4, "reward": 0.5, "loss": 0.01, "completions/mean_length": 37.0}, 10)
+    progress = get_trainer("trl").parse_progress(line, 10)
+    assert (progress.step, progress.total_steps, progress.reward) == (4, 10, 0.5)
+    assert progress.metrics == {"reward": 0.5, "loss": 0.01, "len": 37.0}
+
+
+def test_verl_reads_its_console_loggers_step_lines():
+    parse = get_trainer("verl").parse_progress
+    verl = parse("step:5 - critic/score/mean:0.75 - actor/lr:1e-06 - timing:abc", 10)
+    assert (verl.step, verl.total_steps, verl.reward) == (5, 10, 0.75)
+    assert verl.metrics == {"critic/score/mean": 0.75, "actor/lr": 1e-06} and verl.percent == 50.0
+    assert parse("step:6 - critic/rewards/mean:0.5 - actor/pg_loss:0.1", 10).reward == 0.5
+    assert parse("step:7 - actor/pg_loss:0.1", 10).reward is None
+    assert parse("step 3/8 reward=0.25", 8) is None
+    assert all(parse(line, 8) is None for line in NOT_STEP_LINES)

@@ -1,0 +1,69 @@
+"""`python -m verl_grpo.trainers.verl.finalize --backend fsdp`: run by the verl task on the head after main_ppo.
+
+Commits the final checkpoint if its background upload did not finish, merges the final actor to an HF model
+with `verl.model_merger`, uploads it to `runs/{run_id}/model`, and writes `runs/{run_id}/metrics.jsonl` and
+`runs/{run_id}/train_result.json` (`finalize`). Exit codes: 2 user fix, 75 retryable, 1 failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable
+
+from verl_grpo.checkpoints import CheckpointStore
+from verl_grpo.contracts import TrainResult
+from verl_grpo.errors import TrainingError, VerlGrpoError
+from verl_grpo.layout import model_dir, run_metrics, step_dir_name, train_result
+from verl_grpo.trainers.protocol import METRICS_FILE, exit_code, summarize, write_jsonl_atomic
+from verl_grpo.trainers.verl.commit import commit_now
+from verl_grpo.trainers.verl.merge import MERGE_BACKENDS, merge_actor
+from verl_grpo.trainers.verl.metrics import SUMMARY, merged_metrics
+from verl_grpo.trainers.verl.settings import TRACKER_FILE, StoreSettings, read_tracker
+
+
+def finalize(settings: StoreSettings, backend: str = "fsdp", train_batch_size: int | None = None,
+             checkpoints: CheckpointStore | None = None,
+             run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> TrainResult:
+    """Commit the final step if needed, merge and upload the model, write metrics.jsonl and train_result.json."""
+    store = settings.store()
+    checkpoints = checkpoints or CheckpointStore(store)
+    final_step = read_tracker(settings.checkpoint_dir)
+    if final_step is None:
+        raise TrainingError(f"verl left no {TRACKER_FILE} in {settings.checkpoint_dir}; it saved no checkpoint "
+                            "(trainer.save_freq must be > 0) or did not finish")
+    ref = checkpoints.latest_complete(settings.run_id)
+    if ref is None or ref.step < final_step:
+        ref = commit_now(settings, final_step, train_batch_size, checkpoints)
+    merged = merge_actor(settings.checkpoint_dir / step_dir_name(final_step) / "actor",
+                         settings.checkpoint_dir.parent / f"{settings.checkpoint_dir.name}-model", backend, run)
+    store.rm(model_dir(settings.run_id))
+    model_uri = store.put_dir(merged, model_dir(settings.run_id))
+    records = merged_metrics(settings)
+    local_metrics = write_jsonl_atomic(settings.metrics_dir / METRICS_FILE, records)
+    metrics_uri = store.put_file(local_metrics, run_metrics(settings.run_id))
+    result = TrainResult(run_id=settings.run_id, final_step=final_step, checkpoint=ref, model_uri=model_uri,
+                         metrics_uri=metrics_uri, summary=summarize(records, SUMMARY))
+    store.write_text(result.model_dump_json(indent=1), train_result(settings.run_id))
+    print(f"training done: step {final_step}, model at {model_uri}", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_grpo.trainers.verl.finalize", description=__doc__)
+    parser.add_argument("--backend", choices=sorted(MERGE_BACKENDS), default="fsdp",
+                        help="verl.strategy of the run (selects the model_merger backend)")
+    parser.add_argument("--train-batch-size", type=int, default=None,
+                        help="prompts per step, recorded as the data position of a checkpoint committed here")
+    args = parser.parse_args(argv)
+    try:
+        finalize(StoreSettings.from_env(), backend=args.backend, train_batch_size=args.train_batch_size)
+    except VerlGrpoError as e:
+        print(f"verl_finalize: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return exit_code(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

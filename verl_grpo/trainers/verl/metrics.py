@@ -1,0 +1,61 @@
+"""A verl run's metrics: verl's `file` logger output of this process plus the history restored with the checkpoint.
+
+verl truncates its log at every start, so the steps of earlier processes travel inside each checkpoint
+(`metrics.jsonl`) and come back as `history.jsonl` on restore.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from verl_grpo.trainers.protocol import SummaryNames
+from verl_grpo.trainers.verl.settings import StoreSettings
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Flat `{"step": N, key: value}` records of a metrics.jsonl or of verl's file logger (`{"step", "data"}`)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the last line of a log killed mid-write
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {k: v for k, v in raw.items() if k != "step"}
+        out.append({"step": int(raw["step"]), **data})
+    return out
+
+
+def merged_metrics(settings: StoreSettings, upto_step: int | None = None) -> list[dict[str, Any]]:
+    """History (earlier processes) + this process's verl log, one record per step (later wins), in step order.
+
+    verl logs step 0's initial validation and each step's line after that step's save, so a checkpoint of
+    step N carries lines up to N-1 (step N's own line reaches the store with the next save or at the end).
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in read_records(settings.history_path) + read_records(settings.verl_metrics_path):
+        if upto_step is None or record["step"] <= upto_step:
+            by_step.setdefault(record["step"], {}).update(record)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+SUMMARY = SummaryNames(
+    final={
+        "critic/score/mean": "final_reward",
+        "critic/rewards/mean": "final_rewards_mean",
+        "actor/entropy": "final_entropy",
+        "actor/pg_loss": "final_loss",
+        "actor/kl_loss": "final_kl",
+        "response_length/mean": "final_completions_mean_length",
+    },
+    reward="critic/score/mean",
+    final_prefixes={"val-core/": "val-core/"},
+    first_step=1,
+)
+"""verl's metric names → the summary names the TRL backend uses; step 0 is verl's initial validation."""

@@ -1,0 +1,176 @@
+"""RunConfig → the Hydra overrides of `python -m verl.trainer.main_ppo`: a pure mapping, no verl import.
+
+`validation.validate_verl_overrides` checks the result against the installed verl's own config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from verl_grpo.config import RunConfig
+from verl_grpo.errors import ConfigError
+from verl_grpo.models import MODEL_ALIASES
+from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
+
+REWARD_MODULE = "pkg://verl_grpo.rewards"
+"""verl loads `pkg://` paths with importlib, so the reward works wherever verl_grpo is installed on the cluster."""
+REWARD_FUNCTION = "compute_score"
+REMOTE_REWARD_MODULE = "pkg://verl_grpo.services.reward_client"
+"""Scores through the job group's reward-server (same compute_score signature, awaited by verl's reward loop)."""
+SEARCH_TOOL_CONFIG = "infra/verl/search_tool.yaml"
+"""Search-R1 style `search` tool backed by the retrieval-server; relative to the task's workdir (the repo)."""
+
+
+@dataclass(frozen=True)
+class VerlPaths:
+    """Where the training process finds its inputs and writes checkpoints, as seen on the cluster."""
+
+    checkpoint_dir: str
+    """verl trainer.default_local_dir (global_step_N directories)."""
+    reward_path: str = REWARD_MODULE
+    """verl reward.custom_reward_function.path (`pkg://module` or a file path)."""
+    reward_name: str = REWARD_FUNCTION
+
+
+def cluster_model_path(name: str) -> str:
+    """`model.name` as verl on a GPU cluster loads it: an HF id or a path that exists there."""
+    if name == "tiny":
+        raise ConfigError(
+            "model.name 'tiny' is built locally for tests and cannot be trained by verl on a cluster; "
+            "set model.name to `smollm2-135m` or an HF id such as Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    return MODEL_ALIASES.get(name.lower(), name)
+
+
+def gpus_per_node(cfg: RunConfig) -> int:
+    """GPUs of each node: verl.n_gpus_per_node, else the count of infra.accelerators (`H100:8` → 8)."""
+    if cfg.verl.n_gpus_per_node is not None:
+        return cfg.verl.n_gpus_per_node
+    spec = cfg.infra.accelerators
+    if not spec:
+        raise ConfigError("infra.accelerators is not set; the verl backend needs GPUs, e.g. infra.accelerators=H100:8")
+    _, sep, count = spec.partition(":")
+    if not sep:
+        return 1
+    try:
+        n = float(count)
+    except ValueError:
+        raise ConfigError(f"infra.accelerators {spec!r} has a bad count; use NAME:COUNT, e.g. H100:8") from None
+    if n < 1 or n != int(n):
+        raise ConfigError(f"infra.accelerators {spec!r}: verl needs whole GPUs per node, e.g. H100:8")
+    return int(n)
+
+
+def trackers(env: Mapping[str, str] | None = None) -> list[str]:
+    """verl trainer.logger: console, MLflow and verl's JSONL `file` logger (→ metrics.jsonl) always; W&B only when
+    WANDB_API_KEY is in the environment."""
+    env = os.environ if env is None else env
+    return ["console", "mlflow", "file"] + (["wandb"] if env.get("WANDB_API_KEY") else [])
+
+
+def verl_overrides(
+    cfg: RunConfig,
+    data_files: Mapping[str, str],
+    paths: VerlPaths,
+    run_id: str,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The Hydra overrides of `python -m verl.trainer.main_ppo` for this run; user extra_overrides come last.
+
+    data_files maps `train` and `val` to parquet paths as the training process sees them. `env` is only
+    consulted for whether WANDB_API_KEY is present; its value never enters the overrides.
+    """
+    for split in ("train", "val"):
+        if not data_files.get(split):
+            raise ConfigError(f"verl needs a {split} parquet file; the prepared dataset has none (splits: "
+                              f"{sorted(data_files)}). Re-run data preparation with dataset.val_size > 0")
+    a, v = cfg.algorithm, cfg.verl
+    model = cluster_model_path(cfg.model.name)
+    n_gpus = gpus_per_node(cfg)
+    mini = v.ppo_mini_batch_size or a.train_batch_size
+    if mini > a.train_batch_size:
+        raise ConfigError(f"verl.ppo_mini_batch_size ({mini}) exceeds algorithm.train_batch_size "
+                          f"({a.train_batch_size}); lower it or leave it unset")
+    use_kl = a.kl_coef > 0
+    actor = "actor_rollout_ref.actor"
+    rollout = "actor_rollout_ref.rollout"
+    out = [
+        f"algorithm.adv_estimator={v.adv_estimator}",
+        f"data.train_files={data_files['train']}",
+        f"data.val_files={data_files['val']}",
+        f"data.max_prompt_length={a.max_prompt_length}",
+        f"data.max_response_length={a.max_response_length}",
+        f"data.train_batch_size={a.train_batch_size}",
+        f"data.seed={a.seed}",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.model.lora_rank={v.lora_rank}",
+        f"actor_rollout_ref.model.lora_alpha={v.lora_alpha}",
+        f"{actor}.optim.lr={a.lr}",
+        f"{actor}.ppo_mini_batch_size={mini}",
+        f"{actor}.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        f"{actor}.clip_ratio_low={a.clip_low}",
+        f"{actor}.clip_ratio_high={a.clip_high}",
+        f"{actor}.loss_agg_mode={a.loss_agg_mode}",
+        f"{actor}.use_kl_loss={use_kl}",
+        f"{actor}.kl_loss_coef={a.kl_coef}",
+        f"{rollout}.name={v.rollout_engine}",
+        f"{rollout}.n={a.rollouts}",
+        f"{rollout}.temperature={a.temperature}",
+        f"{rollout}.top_p={a.top_p}",
+        f"{rollout}.top_k={a.top_k}",
+        f"{rollout}.gpu_memory_utilization={v.gpu_memory_utilization}",
+        f"{rollout}.tensor_model_parallel_size={v.rollout_tp}",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        f"reward.custom_reward_function.path={paths.reward_path}",
+        f"reward.custom_reward_function.name={paths.reward_name}",
+        f"trainer.project_name={cfg.experiment_name}",
+        f"trainer.experiment_name={run_id}",
+        f"trainer.logger=[{','.join(trackers(env))}]",
+        f"trainer.nnodes={cfg.infra.nodes}",
+        f"trainer.n_gpus_per_node={n_gpus}",
+        f"trainer.total_training_steps={a.total_steps}",
+        f"trainer.save_freq={a.save_freq}",
+        f"trainer.test_freq={v.test_freq}",
+        f"trainer.max_actor_ckpt_to_keep={cfg.storage.keep_last}",
+        "trainer.resume_mode=auto",
+        f"trainer.default_local_dir={paths.checkpoint_dir}",
+        f"trainer.checkpoint_callback_class={CALLBACK_CLASS}",
+    ]
+    out += _strategy_overrides(cfg)
+    if "retrieval" in cfg.services.enabled:
+        out += [f"{rollout}.multi_turn.enable=True", f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}"]
+    if v.adv_estimator == "gae":
+        out += [
+            "critic.enable=True",
+            f"critic.model.path={model}",
+            f"critic.optim.lr={v.critic_lr}",
+            f"critic.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        ]
+    return out + list(v.extra_overrides)
+
+
+def _strategy_overrides(cfg: RunConfig) -> list[str]:
+    v = cfg.verl
+    if v.strategy == "megatron":
+        # verl's ppo_trainer picks actor/ref/critic config groups from `model_engine`.
+        return [
+            "model_engine=megatron",
+            f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={v.megatron_tp}",
+            f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={v.megatron_pp}",
+        ]
+    out = [f"actor_rollout_ref.actor.strategy={v.strategy}"]
+    if v.adv_estimator == "gae":
+        out.append(f"critic.strategy={v.strategy}")
+    return out
+
+
+def run_paths(cfg: RunConfig, checkpoint_dir: str) -> VerlPaths:
+    """Checkpoint dir and reward function: the reward-server's client when the job group runs one."""
+    if "reward" in cfg.services.enabled:
+        return VerlPaths(checkpoint_dir=checkpoint_dir, reward_path=REMOTE_REWARD_MODULE)
+    return VerlPaths(checkpoint_dir=checkpoint_dir)

@@ -1,0 +1,102 @@
+"""Where a verl run's checkpoints live: the task env that names them, and verl's own files in default_local_dir.
+
+The SkyPilot task sets the non-secret env vars of `checkpoint_env`; the restore entry, the checkpoint callback
+and the finalize entry read them back with `StoreSettings.from_env` (credentials come from the environment).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_grpo.errors import ConfigError
+from verl_grpo.store import Store
+from verl_grpo.trainers.protocol import STEP_PREFIX, LocalCheckpoints, write_text_atomic
+
+ENV_STORE_URI = "VERL_GRPO_STORE_URI"
+ENV_STORE_ENDPOINT = "VERL_GRPO_STORE_ENDPOINT"
+ENV_RUN_ID = "VERL_GRPO_RUN_ID"
+ENV_CHECKPOINT_DIR = "VERL_GRPO_CHECKPOINT_DIR"
+"""Must equal verl's trainer.default_local_dir (verl_overrides sets both from the same value)."""
+ENV_KEEP_LAST = "VERL_GRPO_KEEP_LAST"
+ENV_VERL_METRICS = "VERL_FILE_LOGGER_PATH"
+"""verl's own `file` logger writes one `{"step": N, "data": {...}}` line per step here (truncated at each start)."""
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+"""verl's resume tracker in default_local_dir
+(verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename)."""
+STAGING_DIR = ".staging"
+"""Under default_local_dir: hard-linked copies of step dirs while they upload."""
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where a verl run's checkpoints go, read from the env vars the task sets."""
+
+    uri: str
+    endpoint_url: str | None
+    run_id: str
+    checkpoint_dir: Path
+    keep_last: int = 2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "StoreSettings":
+        env = os.environ if env is None else env
+        missing = [k for k in (ENV_STORE_URI, ENV_RUN_ID, ENV_CHECKPOINT_DIR) if not env.get(k)]
+        if missing:
+            raise ConfigError(f"{', '.join(missing)} not set; the verl task sets them from the run config "
+                              "(verl_grpo.trainers.verl.settings.checkpoint_env) — launch through verl-grpo")
+        try:
+            keep = int(env.get(ENV_KEEP_LAST) or 2)
+        except ValueError:
+            raise ConfigError(f"{ENV_KEEP_LAST}={env[ENV_KEEP_LAST]!r} is not an integer (storage.keep_last)"
+                              ) from None
+        return cls(uri=env[ENV_STORE_URI], endpoint_url=env.get(ENV_STORE_ENDPOINT) or None, run_id=env[ENV_RUN_ID],
+                   checkpoint_dir=Path(env[ENV_CHECKPOINT_DIR]), keep_last=max(keep, 1))
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.checkpoint_dir / "metrics"
+
+    @property
+    def history_path(self) -> Path:
+        """Metrics of the steps before this process started (from the restored checkpoint)."""
+        return self.metrics_dir / "history.jsonl"
+
+    @property
+    def verl_metrics_path(self) -> Path:
+        """verl's file logger output of this process."""
+        return self.metrics_dir / "verl.jsonl"
+
+    @property
+    def local_checkpoints(self) -> LocalCheckpoints:
+        """verl's `global_step_{N}` dirs in trainer.default_local_dir."""
+        return LocalCheckpoints(self.checkpoint_dir, STEP_PREFIX)
+
+    def store(self) -> Store:
+        return Store(self.uri, self.endpoint_url)
+
+
+def checkpoint_env(uri: str, endpoint_url: str | None, run_id: str, checkpoint_dir: str,
+                   keep_last: int) -> dict[str, str]:
+    """The non-secret env of a verl task that the callback, restore and finalize entries read."""
+    env = {ENV_STORE_URI: uri, ENV_RUN_ID: run_id, ENV_CHECKPOINT_DIR: checkpoint_dir, ENV_KEEP_LAST: str(keep_last),
+           ENV_VERL_METRICS: f"{checkpoint_dir}/metrics/verl.jsonl"}
+    if endpoint_url:
+        env[ENV_STORE_ENDPOINT] = endpoint_url
+    return env
+
+
+def write_tracker(checkpoint_dir: Path, step: int) -> Path:
+    """verl's `latest_checkpointed_iteration.txt`, written atomically."""
+    return write_text_atomic(Path(checkpoint_dir) / TRACKER_FILE, str(int(step)))
+
+
+def read_tracker(checkpoint_dir: Path) -> int | None:
+    tracker = Path(checkpoint_dir) / TRACKER_FILE
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    return int(text) if text.isdigit() else None

@@ -1,0 +1,146 @@
+"""Offline checks of main_ppo overrides against the installed verl, without a GPU.
+
+`validate_verl_overrides` composes the overrides against verl's own Hydra config
+(`verl/trainer/config/ppo_trainer.yaml`) and runs verl's own `validate_config`; a misspelled key fails with
+Hydra's message. verl is imported inside the functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_grpo.errors import ConfigError
+
+
+@dataclass
+class VerlValidation:
+    """What the offline check of a set of overrides established."""
+
+    overrides: list[str]
+    checks: list[str] = field(default_factory=list)
+    """One human-readable line per passed check."""
+
+
+def verl_config_dir() -> Path:
+    """The installed verl's Hydra config directory (the one main_ppo itself uses)."""
+    import verl
+
+    return Path(verl.__file__).resolve().parent / "trainer" / "config"
+
+
+def compose_verl_config(overrides: Sequence[str]) -> Any:
+    """verl's own `ppo_trainer` config with these overrides, composed by Hydra; ConfigError on a bad key/value."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+                return compose("ppo_trainer", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"verl's Hydra config rejected the overrides: {e}\n"
+                          "Fix the key in verl.extra_overrides (or the config field that produced it).") from e
+
+
+def validate_verl_overrides(overrides: Sequence[str], check_reward: bool = True) -> VerlValidation:
+    """Compose the overrides and run verl's GPU-free checks; ConfigError with verl's message on any failure."""
+    result = VerlValidation(overrides=list(overrides))
+    config = compose_verl_config(overrides)
+    result.checks.append("verl Hydra compose of ppo_trainer with all overrides")
+
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    estimator = config.algorithm.adv_estimator
+    try:
+        get_adv_estimator_fn(estimator)
+    except ValueError as e:
+        raise ConfigError(f"verl.adv_estimator: {e}; verl {_verl_version()} knows: "
+                          f"{', '.join(sorted(ADV_ESTIMATOR_REGISTRY))}") from e
+    result.checks.append(f"advantage estimator {estimator!r} is registered in verl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # need_critic warns that non-gae estimators run without a critic
+        config, skipped = _offline_view(config, need_critic(config))
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except (AssertionError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"verl validate_config rejected the run settings: {e}\n"
+                          "Adjust algorithm.train_batch_size / verl.ppo_mini_batch_size / "
+                          "verl.micro_batch_size_per_gpu / infra.accelerators so they divide evenly.") from e
+    except Exception as e:
+        # validate_config instantiates verl's config dataclasses, whose __post_init__ raise plain errors.
+        raise ConfigError(f"verl validate_config rejected the run settings: {type(e).__name__}: {e}") from e
+    result.checks.append("verl validate_config (batch sizes, micro-batches, dataclass configs)")
+    result.checks += [f"not checked here: {why}" for why in skipped]
+    fqn = config.trainer.get("checkpoint_callback_class")
+    if fqn:
+        _check_callback(str(fqn))
+        result.checks.append(f"checkpoint callback {fqn} loads with verl's loader and has on_save")
+    if check_reward:
+        _check_reward(config.reward.custom_reward_function.path, config.reward.custom_reward_function.name)
+        result.checks.append(f"reward function {config.reward.custom_reward_function.path}:"
+                             f"{config.reward.custom_reward_function.name} loads with verl's loader")
+    return result
+
+
+def _offline_view(config: Any, use_critic: bool) -> tuple[Any, list[str]]:
+    """A copy of the config with the parts verl can only check on a GPU node turned off, and why.
+
+    verl's critic check loads the model's config.json and tokenizer (an HF id is only reachable from the
+    cluster), and its LoRA check imports vLLM (not installed without a GPU).
+    """
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    view = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    skipped = []
+    if use_critic and not Path(str(config.critic.model.path)).expanduser().is_dir():
+        OmegaConf.update(view, "critic.enable", False)
+        skipped.append(f"critic dataclass (needs config.json of {config.critic.model.path}, fetched on the cluster)")
+    rollout = config.actor_rollout_ref.rollout.name
+    lora = config.actor_rollout_ref.model.get("lora_rank", 0) > 0
+    if lora and rollout == "vllm" and not importlib.util.find_spec("vllm"):
+        OmegaConf.update(view, "actor_rollout_ref.model.lora_rank", 0)
+        skipped.append("LoRA rank against vLLM's allowed ranks (vllm is not installed on this machine)")
+    return view, skipped
+
+
+def _check_callback(fqn: str) -> None:
+    from verl.utils.import_utils import load_class_from_fqn
+
+    try:
+        cls = load_class_from_fqn(fqn, "CheckpointCallback")
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ConfigError(f"trainer.checkpoint_callback_class {fqn!r} cannot be loaded: {e}") from e
+    if not callable(getattr(cls, "on_save", None)):
+        raise ConfigError(f"trainer.checkpoint_callback_class {fqn!r} has no on_save(trainer, global_step, "
+                          "checkpoint_dir, async_save, **kwargs) method")
+
+
+def _check_reward(path: str, name: str) -> None:
+    from verl.utils.import_utils import load_extern_object
+
+    try:
+        fn = load_extern_object(module_path=path, object_name=name)
+    except (ImportError, FileNotFoundError, AttributeError, RuntimeError) as e:
+        raise ConfigError(f"reward.custom_reward_function {path}:{name} cannot be loaded: {e}") from e
+    if not callable(fn):
+        raise ConfigError(f"reward.custom_reward_function {path}:{name} is not callable")
+
+
+def _verl_version() -> str:
+    import verl
+
+    return getattr(verl, "__version__", "?")
