@@ -10,7 +10,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.logging import get_run_logger
 
-from verl_grpo.pipeline import TrainProgress
+from verl_grpo.trainers.protocol import TrainProgress
 
 PROGRESS_KEY = "training-progress"
 REWARDS_KEY = "training-rewards"

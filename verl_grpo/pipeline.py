@@ -8,9 +8,8 @@ as these functions, `run_pipeline` is the whole chain without Prefect (benchmark
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from verl_grpo import runs
 from verl_grpo.chain import Outcome, ResolvedRun, run_chain
@@ -20,55 +19,14 @@ from verl_grpo.errors import Preempted, error_class
 from verl_grpo.layout import train_result
 from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
 from verl_grpo.store import Store
+from verl_grpo.trainers.protocol import TrainProgress
 
 log = logging.getLogger(__name__)
 
 LineSink = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class TrainProgress:
-    """One training step as the trainer's log reports it (for progress bars and reward charts)."""
-
-    step: int
-    total_steps: int
-    reward: float | None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def percent(self) -> float:
-        return 100.0 * min(self.step, self.total_steps) / max(self.total_steps, 1)
-
-
 ProgressSink = Callable[[TrainProgress], None]
-
-# The TRL worker prints `step k/N reward=0.25 loss=0.01 ...` (trainers.trl_callbacks.progress_line);
-# verl's console logger prints `step:k - critic/score/mean:0.25 - ...`.
-_TRL_STEP = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)(?P<rest>(?: \S+=\S+)*)\s*$")
-_VERL_STEP = re.compile(r"^step:(?P<step>\d+) - (?P<rest>.*)$")
-_VERL_REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
-
-
-def parse_progress(line: str, total_steps: int) -> TrainProgress | None:
-    """The TrainProgress a trainer log line reports, or None for any other line."""
-    if match := _TRL_STEP.match(line.strip()):
-        metrics = _numbers(pair.split("=", 1) for pair in match["rest"].split())
-        return TrainProgress(int(match["step"]), int(match["total"]), metrics.get("reward"), metrics)
-    if match := _VERL_STEP.match(line.strip()):
-        metrics = _numbers(pair.split(":", 1) for pair in match["rest"].split(" - ") if ":" in pair)
-        reward = next((metrics[k] for k in _VERL_REWARD_KEYS if k in metrics), None)
-        return TrainProgress(int(match["step"]), total_steps, reward, metrics)
-    return None
-
-
-def _numbers(pairs) -> dict[str, float]:
-    out = {}
-    for key, value in pairs:
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            continue
-    return out
 
 
 def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
@@ -120,13 +78,14 @@ def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster, on_line: 
     cfg, run_id = run.cfg, run.run_id
     store = Store.from_config(cfg.storage)
     runs.mark_training_started(store, run_id)
-    spec = get_trainer(cfg.trainer.backend).plan(cfg, dataset, store, run_id, cluster)
+    trainer = get_trainer(cfg.trainer.backend)
+    spec = trainer.plan(cfg, dataset, store, run_id, cluster)
     provider = get_provider(cfg.infra.provider)
     sink = on_line or log.info
 
     def each_line(line: str) -> None:
         sink(line)
-        if on_progress is not None and (progress := parse_progress(line, spec.total_steps)) is not None:
+        if on_progress is not None and (progress := trainer.parse_progress(line, spec.total_steps)) is not None:
             on_progress(progress)
 
     state = follow_job(provider, provider.submit(cluster, spec), each_line)

@@ -1,4 +1,4 @@
-"""What the flow shows and records besides the pipeline: progress parsing, artifact contents, the crash hook."""
+"""What the flow shows and records besides the pipeline: artifact contents, the crash hook."""
 
 from __future__ import annotations
 
@@ -11,18 +11,8 @@ from tasks.reporting import eval_table, mlflow_local_note, mlflow_run_url
 from verl_grpo import runs
 from verl_grpo.config import load_config
 from verl_grpo.contracts import EvalReport
-from verl_grpo.pipeline import TrainProgress, parse_progress
+from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.store import Store
-
-
-def test_parse_progress_reads_trl_and_verl_step_lines():
-    trl = parse_progress("step 3/8 reward=0.25 reward_std=0.1 loss=0.01 s/step=2.5", 8)
-    assert (trl.step, trl.total_steps, trl.reward, trl.metrics["loss"]) == (3, 8, 0.25, 0.01)
-    assert trl.percent == 37.5
-    verl = parse_progress("step:5 - critic/score/mean:0.75 - actor/lr:1e-06 - timing:abc", 10)
-    assert (verl.step, verl.total_steps, verl.reward) == (5, 10, 0.75)
-    assert parse_progress("checkpoint step 2 committed to file:///x", 8) is None
-    assert parse_progress("resuming run r from checkpoint step 2", 8) is None
 
 
 def test_rewards_markdown_keeps_the_latest_rows():

@@ -212,7 +212,7 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
 
 def _local_model_path(cfg: RunConfig, cluster: Cluster) -> str | None:
     """The resolved model directory when the worker runs on this machine; remote workers resolve it themselves."""
-    if cluster.provider != "local":
+    if not cluster.on_this_machine:
         return None
     from verl_grpo.models import resolve_model
 

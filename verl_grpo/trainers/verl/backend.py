@@ -72,10 +72,10 @@ def data_files_on_cluster(dataset: DatasetVersion, store: Store,
                           cluster: Cluster) -> tuple[dict[str, str], dict[str, str]]:
     """Parquet paths the trainer reads, and the env telling a remote provider what to mount where.
 
-    On the local provider with a local store the store paths are used as they are; anywhere else the
+    On this machine (Cluster.on_this_machine) with a local store the store paths are used as they are; anywhere else the
     dataset directory is mounted at `{workdir}/datasets/{name}/{hash}` (the provider reads the two env vars).
     """
-    if cluster.provider == "local" and store.is_local:
+    if cluster.on_this_machine and store.is_local:
         return {split: str(local_path(uri)) for split, uri in dataset.splits.items()}, {}
     mount = f"{cluster.workdir}/{dataset_dir(dataset.name, dataset.hash)}"
     files = {split: f"{mount}/{uri.rstrip('/').rsplit('/', 1)[-1]}" for split, uri in dataset.splits.items()}
@@ -99,6 +99,6 @@ def finalize_command(cfg: RunConfig) -> list[str]:
 def mlflow_uri_on_cluster(cfg: RunConfig, cluster: Cluster) -> str:
     """A tracking server URI is used as is; a local SQLite default becomes a SQLite file in the cluster workdir."""
     uri = cfg.tracking.mlflow_uri
-    if cluster.provider == "local" or uri.startswith(("http://", "https://", "databricks")):
+    if cluster.on_this_machine or uri.startswith(("http://", "https://", "databricks")):
         return uri
     return f"sqlite:///{cluster.workdir}/mlflow.db"
