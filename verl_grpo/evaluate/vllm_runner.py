@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
-from verl_grpo.errors import ConfigError, InfraError, VerlGrpoError
+from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.evaluate.generation import (
     Generation,
     GenerationParams,
@@ -35,7 +35,7 @@ from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval
 from verl_grpo.layout import eval_report, eval_spec, eval_table
 from verl_grpo.store import Store, filesystem_for, strip_scheme
-from verl_grpo.trainers.protocol import exit_code
+from verl_grpo.trainers.protocol import run_entry
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 
 GPU_MEMORY_UTILIZATION = 0.9
@@ -180,15 +180,15 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="store URI of the eval spec (runs/<run_id>/eval/<split>-vllm-spec.json)")
     args = parser.parse_args(argv)
-    try:
+
+    def evaluate() -> None:
         spec = read_spec(args.spec, os.environ.get(ENV_STORE_ENDPOINT) or None)
         report = run_spec(spec, progress=_print_progress)
-    except VerlGrpoError as e:
-        print(f"vllm_runner: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return exit_code(e)
-    metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(report.metrics.items()))
-    print(f"eval done: {report.n} problems, {metrics}; report {spec.report_rel}, table {report.table_uri}", flush=True)
-    return 0
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(report.metrics.items()))
+        print(f"eval done: {report.n} problems, {metrics}; report {spec.report_rel}, table {report.table_uri}",
+              flush=True)
+
+    return run_entry("vllm_runner", evaluate)
 
 
 if __name__ == "__main__":

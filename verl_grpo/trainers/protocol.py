@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from verl_grpo.errors import ConfigError, DataError, InfraError
+from verl_grpo.errors import ConfigError, DataError, InfraError, VerlGrpoError
 from verl_grpo.layout import METRICS_FILE, STEP_PREFIX, TRAIN_RESULT
 
 if TYPE_CHECKING:
@@ -54,6 +55,17 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, InfraError):
         return EXIT_RETRYABLE
     return EXIT_FAILED
+
+
+def run_entry(entry: str, body: Callable[[], None]) -> int:
+    """Run a cluster entry point's body; one of our errors ends it with one line on stderr and the exit code that
+    says who fixes it (the provider maps the code to a retry or a failure)."""
+    try:
+        body()
+    except VerlGrpoError as e:
+        print(f"{entry}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return exit_code(e)
+    return 0
 
 
 # ---- progress --------------------------------------------------------------------------------------------------------

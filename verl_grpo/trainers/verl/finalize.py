@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
-from verl_grpo.errors import TrainingError, VerlGrpoError
+from verl_grpo.errors import TrainingError
 from verl_grpo.layout import model_dir, run_metrics, step_dir_name, train_result
-from verl_grpo.trainers.protocol import METRICS_FILE, exit_code, summarize, write_jsonl_atomic
+from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, summarize, write_jsonl_atomic
 from verl_grpo.trainers.verl.commit import commit_now
 from verl_grpo.trainers.verl.merge import MERGE_BACKENDS, merge_actor
 from verl_grpo.trainers.verl.metrics import SUMMARY, merged_metrics
@@ -57,12 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch-size", type=int, default=None,
                         help="prompts per step, recorded as the data position of a checkpoint committed here")
     args = parser.parse_args(argv)
-    try:
-        finalize(StoreSettings.from_env(), backend=args.backend, train_batch_size=args.train_batch_size)
-    except VerlGrpoError as e:
-        print(f"verl_finalize: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return exit_code(e)
-    return 0
+    return run_entry("verl_finalize", lambda: finalize(StoreSettings.from_env(), backend=args.backend,
+                                                       train_batch_size=args.train_batch_size))
 
 
 if __name__ == "__main__":

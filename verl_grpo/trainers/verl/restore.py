@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from verl_grpo.checkpoints import CheckpointStore
-from verl_grpo.errors import DataError, VerlGrpoError
+from verl_grpo.errors import DataError
 from verl_grpo.store import Store
 from verl_grpo.trainers import protocol
-from verl_grpo.trainers.protocol import METRICS_FILE, exit_code, write_jsonl_atomic
+from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, write_jsonl_atomic
 from verl_grpo.trainers.verl.metrics import read_records
 from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, write_tracker
 
@@ -75,16 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.dataset_uri) != bool(args.dataset_dir):
         parser.error("--dataset-uri and --dataset-dir go together")
-    try:
+
+    def restore() -> None:
         settings = StoreSettings.from_env()
         if args.dataset_uri:
             if fetch_dataset(settings.uri, settings.endpoint_url, args.dataset_uri, Path(args.dataset_dir)):
                 print(f"fetched dataset {args.dataset_uri} into {args.dataset_dir}", flush=True)
         restore_latest(settings)
-    except VerlGrpoError as e:
-        print(f"verl_restore: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return exit_code(e)
-    return 0
+
+    return run_entry("verl_restore", restore)
 
 
 if __name__ == "__main__":
