@@ -51,8 +51,8 @@ class StoreSettings:
         try:
             keep = int(env.get(ENV_KEEP_LAST) or 2)
         except ValueError:
-            raise ConfigError(f"{ENV_KEEP_LAST}={env[ENV_KEEP_LAST]!r} is not an integer (storage.keep_last)"
-                              ) from None
+            value = env[ENV_KEEP_LAST]
+            raise ConfigError(f"{ENV_KEEP_LAST}={value!r} is not an integer (storage.keep_last)") from None
         return cls(uri=env[ENV_STORE_URI], endpoint_url=env.get(ENV_STORE_ENDPOINT) or None, run_id=env[ENV_RUN_ID],
                    checkpoint_dir=Path(env[ENV_CHECKPOINT_DIR]), keep_last=max(keep, 1))
 
