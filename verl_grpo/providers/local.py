@@ -19,6 +19,7 @@ from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
 from verl_grpo.paths import state_dir
 from verl_grpo.procs import die_with_parent, pid_alive, runs_command, stop_process_group
 from verl_grpo.services.local_group import services_env, start_local_services, stop_local_services
+from verl_grpo.trainers.protocol import ERROR_FILE, RESULT_FILE
 
 _JOB_FILE = "job.json"
 _LOG_FILE = "train.log"
@@ -70,7 +71,7 @@ class LocalProvider:
         if pid_alive(pid):
             return JobState(phase="RUNNING")
         # Reattached process that is gone: its exit code is unknowable; the worker's result file tells success.
-        result = Path(job.log_path).parent / "result.json"
+        result = Path(job.log_path).parent / RESULT_FILE
         return JobState(phase="SUCCEEDED") if result.is_file() else self._finished(job, -signal.SIGKILL)
 
     def logs(self, job: Job, follow: bool = False) -> Iterator[str]:
@@ -137,7 +138,7 @@ class LocalProvider:
 def _reported_error(workdir: Path) -> dict | None:
     """The training process's own account of its failure (`error.json`: type, message), if it wrote one."""
     try:
-        return json.loads((workdir / "error.json").read_text())
+        return json.loads((workdir / ERROR_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
 
