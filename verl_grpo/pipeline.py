@@ -18,12 +18,12 @@ from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersio
 from verl_grpo.errors import Preempted, error_class
 from verl_grpo.layout import train_result
 from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
+from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress
 
 log = logging.getLogger(__name__)
 
-LineSink = Callable[[str], None]
 
 
 ProgressSink = Callable[[TrainProgress], None]

@@ -16,7 +16,7 @@ Scoring and aggregation are the same code (runner.py) on every path.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +32,8 @@ from verl_grpo.evaluate.runner import (
     write_run_report,
 )
 from verl_grpo.layout import eval_report
+from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
-
-LineSink = Callable[[str], None]
-
 
 @dataclass(frozen=True)
 class RunModel:

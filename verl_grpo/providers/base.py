@@ -11,6 +11,9 @@ from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpe
 
 log = logging.getLogger(__name__)
 
+LineSink = Callable[[str], None]
+"""Where a job's log lines go, one call per line."""
+
 
 class Provider(Protocol):
     name: str
@@ -40,7 +43,7 @@ class Provider(Protocol):
         """Release the compute; idempotent and safe after a crash."""
 
 
-def follow_job(provider: Provider, job: Job, on_line: Callable[[str], None] | None = None) -> JobState:
+def follow_job(provider: Provider, job: Job, on_line: LineSink | None = None) -> JobState:
     """Stream a job's log to on_line (default: this module's logger) until it ends, then its final state; the job
     is cancelled if following it fails or is interrupted (a retry then starts or reattaches to a clean one)."""
     sink = on_line or log.info
