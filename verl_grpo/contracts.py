@@ -49,6 +49,15 @@ class Cluster(_Record):
     on_this_machine: bool = False
     """The cluster is the machine the pipeline runs on: it reads local paths and reaches loopback services, so
     trainers need neither mounts nor a remote tracking server."""
+    run_id: str = ""
+    """The run the compute was brought up for; with config_uri, everything a provider built fresh needs."""
+    config_uri: str = ""
+    """Store URI of the run's resolved config (`runs/{run_id}/config.yaml`), read by a provider that did not call
+    up() itself (a Prefect retry, a re-run after a crash, teardown in another process)."""
+    store_endpoint: str | None = None
+    """The store's S3 endpoint (storage.endpoint_url) for reading config_uri; None for AWS S3 or a local store."""
+    reused: bool = False
+    """The compute is the user's existing cluster: jobs run on it, and teardown leaves it up."""
 
 
 class TrainSpec(_Record):

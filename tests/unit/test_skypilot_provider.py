@@ -1,17 +1,21 @@
-"""SkyPilotProvider against a fake `sky` boundary: launch, poll, recovery, reattach, cancel, failures."""
+"""SkyPilotProvider against a fake `sky` boundary: launch, poll, recovery, reattach, cancel, failures.
+
+Every call goes to a provider built for that call (`PerCall`), as `get_provider` builds them in the pipeline: what a
+later call needs travels in the Cluster / Job and the store (moto S3 on loopback), never in a provider instance.
+"""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from verl_grpo.config import load_config
-from verl_grpo.contracts import TrainSpec
+from verl_grpo.contracts import DatasetVersion, TrainSpec
+from verl_grpo.layout import run_config
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot.boundary import JobRecord
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
+from verl_grpo.store import Store
 
 
 class FakeSky:
@@ -55,17 +59,43 @@ class NoCloud(Exception):
     pass
 
 
+_STORE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _store(s3_bucket):
+    """The run's store: a bucket on moto, where `up` finds the run's resolved config as `resolve` stored it."""
+    _STORE["uri"], _STORE["endpoint"] = s3_bucket
+    yield
+    _STORE.clear()
+
+
+class PerCall:
+    """A fresh SkyPilotProvider for each call, over the same (fake) SkyPilot."""
+
+    def __init__(self, sky, env=None):
+        self.sky, self.env = sky, env or {}
+
+    def __getattr__(self, method):
+        return getattr(SkyPilotProvider(boundary=self.sky, env=self.env), method)
+
+
 def _cfg(**kw):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                            "infra.spot=true", "storage.uri=s3://bucket/store", *[f"{k}={v}" for k, v in kw.items()]])
+    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
+                           "infra.spot=true", f"storage.uri={_STORE['uri']}", f"storage.endpoint_url={_STORE['endpoint']}",
+                           *[f"{k}={v}" for k, v in kw.items()]])
+    Store.from_config(cfg.storage).write_text(cfg.to_yaml(), run_config("run-1"))  # as pipeline.resolve does
+    return cfg
 
 
+DATASET = DatasetVersion(name="gsm8k", hash="abc", uri="s3://b/store/datasets/gsm8k/abc",
+                         splits={"test": "s3://b/store/datasets/gsm8k/abc/test.parquet"}, counts={"test": 4})
 SPEC = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", "verl.trainer.main_ppo",
                  "actor_rollout_ref.model.path=m"], overrides=["actor_rollout_ref.model.path=m"], total_steps=5)
 
 
 def _submit(sky, env=None, cfg=None):
-    provider = SkyPilotProvider(boundary=sky, env=env or {})
+    provider = PerCall(sky, env)
     cluster = provider.up(cfg or _cfg(), "run-1")
     return provider, provider.submit(cluster, SPEC)
 
@@ -124,8 +154,18 @@ def test_cancel_is_idempotent_and_down_cancels_live_jobs():
     assert sky.cancelled == [1]
     assert provider.status(job).phase == "CANCELLED"
     provider2, job2 = _submit(sky)
-    provider2.down(SimpleNamespace(name=job2.name))
-    assert sky.cancelled == [1, 2]
+    eval_job = SkyPilotProvider(boundary=sky, env={}).submit_eval(
+        _cfg(), "run-1", f"{_STORE['uri']}/runs/run-1/model", DATASET)
+    PerCall(sky).down(PerCall(sky).up(_cfg(), "run-1"))  # teardown after a crash: a provider that launched nothing
+    assert sky.cancelled == [1, 2, int(eval_job.id)]
+
+
+def test_a_cluster_whose_config_is_not_stored_fails_in_one_line():
+    sky = FakeSky()
+    cluster = PerCall(sky).up(_cfg(), "run-2")  # run-2 was never resolved: no config in the store
+    with pytest.raises(InfraError, match="runs/run-2/config.yaml is missing"):
+        PerCall(sky).submit(cluster, SPEC.model_copy(update={"run_id": "run-2"}))
+    assert sky.launched == []
 
 
 @pytest.mark.parametrize(("status", "recoveries", "reason", "error", "fragment"), [
@@ -158,10 +198,12 @@ def test_retry_type_follows_status_and_recovery_count_never_the_message(status, 
         assert type(info.value) is error
 
 
-def test_file_store_is_refused_before_launch():
+def test_file_store_is_refused_before_launch(tmp_path):
     sky = FakeSky()
-    provider = SkyPilotProvider(boundary=sky, env={})
-    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"])
+    provider = PerCall(sky)
+    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
+                           f"storage.uri=file://{tmp_path}/store"])
+    Store.from_config(cfg.storage).write_text(cfg.to_yaml(), run_config("run-1"))
     with pytest.raises(ConfigError, match="storage.uri"):
         provider.submit(provider.up(cfg, "run-1"), SPEC)
     assert sky.launched == []
@@ -174,7 +216,7 @@ def test_no_cloud_access_at_launch_is_an_infra_error_with_sky_check_advice():
 
 def test_job_group_shape_launches_a_group_with_service_endpoints():
     sky = FakeSky()
-    provider = SkyPilotProvider(boundary=sky, env={})
+    provider = PerCall(sky)
     cluster = provider.up(_cfg(**{"skypilot.shape": "job_group"}), "run-1")
     assert cluster.endpoints["reward-server"] == "http://reward-server-0.verl-grpo-run-1:8200"
     provider.submit(cluster, SPEC)
@@ -218,7 +260,7 @@ class FakeCluster(FakeSky):
 
 
 def _exec(sky, **kw):
-    provider = SkyPilotProvider(boundary=sky, env={"HF_TOKEN": "hf_secret"})
+    provider = PerCall(sky, env={"HF_TOKEN": "hf_secret"})
     cluster = provider.up(_cfg(**{"skypilot.cluster": "my-h100s", **kw}), "run-1")
     return provider, cluster, provider.submit(cluster, SPEC)
 
@@ -271,5 +313,5 @@ def test_existing_cluster_must_be_up_and_multinode():
     with pytest.raises(ConfigError, match="sky start my-h100s"):
         _exec(FakeCluster(status="STOPPED"))
     with pytest.raises(ConfigError, match="skypilot.shape=multinode"):
-        SkyPilotProvider(boundary=FakeCluster(), env={}).up(
+        PerCall(FakeCluster()).up(
             _cfg(**{"skypilot.cluster": "my-h100s", "skypilot.shape": "job_group"}), "run-1")

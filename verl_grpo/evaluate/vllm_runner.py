@@ -26,6 +26,8 @@ from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.evaluate.generation import (
     Generation,
     GenerationParams,
+    Generator,
+    HFGenerator,
     Progress,
     check_chat_template,
     encode_prompts,
@@ -164,11 +166,25 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
     store = Store.from_config(cfg.storage)
     plan = plan_eval(cfg, spec.dataset, store)
     model_dir = resolve_model_dir(spec.model_uri, store)
-    generator = VLLMGenerator(model_dir, cfg.model.dtype, spec.tensor_parallel_size, spec.gpu_memory_utilization,
-                              seed=cfg.eval.seed)
+    generator = _generator(spec, cfg, model_dir)
     report = run_eval(plan, spec.model_uri, generator, store, spec.table_rel, progress=progress)
     store.write_text(report.model_dump_json(indent=1), spec.report_rel)
     return report
+
+
+REHEARSAL_ENV = "VERL_GRPO_REHEARSAL"
+"""Set to 1 on the nodes of a local rehearsal of the cloud (verl_grpo.rehearsal), where there is no GPU for vLLM."""
+
+
+def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:
+    """vLLM on the task's GPUs; in a rehearsal transformers on the CPU instead (the only part stood in: planning,
+    scoring, the table and the report are this entry point's own either way)."""
+    if os.environ.get(REHEARSAL_ENV) == "1":
+        print("rehearsal: vLLM stood in by transformers generate on the CPU (same prompts, scoring and report)",
+              flush=True)
+        return HFGenerator(model_dir, cfg.model.dtype, threads=cfg.eval.threads)
+    return VLLMGenerator(model_dir, cfg.model.dtype, spec.tensor_parallel_size, spec.gpu_memory_utilization,
+                         seed=cfg.eval.seed)
 
 
 def _print_progress(done: int, total: int) -> None:

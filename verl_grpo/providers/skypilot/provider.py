@@ -19,11 +19,14 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot import templates
+from verl_grpo.layout import run_config
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 
 log = logging.getLogger(__name__)
 
 NAME = "skypilot"
+REHEARSAL_DIR_ENV = "VERL_GRPO_REHEARSAL_DIR"
+"""Set (to the rehearsal's state dir), SkyPilot calls go to the local rehearsal of the cloud instead."""
 
 # Managed jobs: `sky.jobs.ManagedJobStatus` values. tests/integration/test_sky_status_enums.py checks that these
 # tables cover SkyPilot's enum exactly, so a status added upstream fails a test instead of a run.
@@ -44,7 +47,12 @@ _CLUSTER_JOB_SEP = "/"
 """Job.id of a cluster job is `{cluster}/{job id}` (SkyPilot cluster names contain no `/`)."""
 
 
-def _default_boundary() -> ModuleType:
+def _default_boundary(env: Mapping[str, str]) -> ModuleType:
+    """SkyPilot itself, or its local rehearsal (verl_grpo.rehearsal) when VERL_GRPO_REHEARSAL_DIR is set."""
+    if env.get(REHEARSAL_DIR_ENV):
+        from verl_grpo.rehearsal import sky_boundary
+
+        return sky_boundary
     from verl_grpo.providers.skypilot import boundary
 
     return boundary
@@ -59,28 +67,35 @@ class SkyPilotProvider:
     """The trainer backends its task templates launch."""
 
     def __init__(self, boundary: ModuleType | None = None, env: Mapping[str, str] | None = None):
-        self.sky = boundary or _default_boundary()
         self.env = os.environ if env is None else env
-        self._configs: dict[str, RunConfig] = {}
-        self._exec_jobs: dict[str, str] = {}
-        """Existing cluster → job name of the run this instance submitted there (for down())."""
+        self.sky = boundary or _default_boundary(self.env)
 
     def up(self, cfg: RunConfig, run_id: str) -> Cluster:
-        """Managed jobs provision their own clusters at submit; this only names the run's compute."""
+        """Managed jobs provision their own clusters at submit; this only names the run's compute.
+
+        Holds nothing: the Cluster names the run and where its resolved config is stored, so any provider built
+        later (another process, a retry, teardown after a crash) submits and tears down the same way."""
         if not cfg.infra.accelerators:
             raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
+        config_uri = Store.from_config(cfg.storage).url(run_config(run_id))
         if cfg.skypilot.cluster:
-            return self._existing_cluster(cfg)
+            if cfg.skypilot.shape != "multinode":
+                raise ConfigError(f"skypilot.cluster runs one task with `sky exec`; skypilot.shape="
+                                  f"{cfg.skypilot.shape!r} needs a job group: set skypilot.shape=multinode or unset "
+                                  "skypilot.cluster")
+            # The user's cluster, named only (no SkyPilot call: the dry run stays offline); submit() checks it is UP.
+            return Cluster(provider=NAME, name=cfg.skypilot.cluster, workdir=templates.REMOTE_WORKDIR, run_id=run_id,
+                           config_uri=config_uri, store_endpoint=cfg.storage.endpoint_url, reused=True)
         name = templates.job_name(run_id)
-        self._configs[name] = cfg
         endpoints = {}
         if cfg.skypilot.shape == "job_group":
             endpoints = {s.task: f"http://{s.task}-0.{name}:{s.port}" for s in templates.JOB_GROUP_SERVICES}
-        return Cluster(provider=NAME, name=name, workdir=templates.REMOTE_WORKDIR, endpoints=endpoints)
+        return Cluster(provider=NAME, name=name, workdir=templates.REMOTE_WORKDIR, endpoints=endpoints,
+                       run_id=run_id, config_uri=config_uri, store_endpoint=cfg.storage.endpoint_url)
 
     def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:
         """Reattach to a live job named for this run, else render, validate and launch a new one."""
-        cfg = self._config_for(cluster, spec)
+        cfg = run_config_of(cluster)
         _require_remote_store(cfg)
         return self._launch(cfg, templates.job_name(spec.run_id), lambda: templates.render(cfg, spec, self.env))
 
@@ -131,30 +146,18 @@ class SkyPilotProvider:
     def down(self, cluster: Cluster) -> None:
         """Managed-job clusters are torn down by SkyPilot; cancel any still-live job of this run (crash cleanup).
 
-        An existing cluster (skypilot.cluster) is the user's: it stays up, only this run's live job is cancelled.
+        An existing cluster (skypilot.cluster) is the user's: it stays up, only this run's live jobs are cancelled.
         """
-        cfg = self._configs.get(cluster.name)
-        if cfg is not None and cfg.skypilot.cluster:
-            name = self._exec_jobs.get(cluster.name)
-            if name is None:
-                log.warning("cluster %s is yours and stays up; no job was submitted to it here, none is cancelled",
-                            cluster.name)
-                return
+        names = {templates.job_name(cluster.run_id), templates.eval_job_name(cluster.run_id)} if cluster.run_id \
+            else {cluster.name}
+        if cluster.reused:
             for record in self._cluster_jobs(cluster.name):
-                if record.name == name and record.status in CLUSTER_LIVE:
+                if record.name in names and record.status in CLUSTER_LIVE:
                     self.sky.cancel_cluster_job(cluster.name, record.job_id)
             return
         for record in self.sky.queue():
-            if record.name == cluster.name and record.status in LIVE:
+            if record.name in names and record.status in LIVE:
                 self.sky.cancel(record.job_id)
-
-    def _existing_cluster(self, cfg: RunConfig) -> Cluster:
-        """The user's cluster, named only (no SkyPilot call: the dry run stays offline); submit() checks it is UP."""
-        if cfg.skypilot.shape != "multinode":
-            raise ConfigError(f"skypilot.cluster runs one task with `sky exec`; skypilot.shape={cfg.skypilot.shape!r} "
-                              "needs a job group: set skypilot.shape=multinode or unset skypilot.cluster")
-        self._configs[cfg.skypilot.cluster] = cfg
-        return Cluster(provider=NAME, name=cfg.skypilot.cluster, workdir=templates.REMOTE_WORKDIR)
 
     def _launch(self, cfg: RunConfig, name: str, render: Callable[[], templates.RenderedTask]) -> Job:
         """Reattach to the live job called `name`, else render (only then) and launch it as a managed job."""
@@ -177,7 +180,6 @@ class SkyPilotProvider:
         The Ray dashboard of a cluster launched from these templates is at `sky status --endpoint 8265 CLUSTER`.
         """
         cluster = cfg.skypilot.cluster
-        self._exec_jobs[cluster] = name
         status = self.sky.cluster_status(cluster)
         if status != "UP":
             raise ConfigError(f"skypilot.cluster {cluster!r} is {status or 'not known to SkyPilot'} (`sky status`); "
@@ -218,13 +220,17 @@ class SkyPilotProvider:
     def _record(self, job: Job):
         return next((r for r in self.sky.queue() if str(r.job_id) == job.id), None)
 
-    def _config_for(self, cluster: Cluster, spec: TrainSpec) -> RunConfig:
-        if cluster.name in self._configs:
-            return self._configs[cluster.name]
-        if spec.spec_uri:
-            with filesystem_for(spec.spec_uri).open(strip_scheme(spec.spec_uri), "r") as f:
-                return RunConfig.model_validate(yaml.safe_load(f))
-        raise InfraError(f"no run config for {cluster.name}: call up() on this provider first or plan a spec with spec_uri")
+
+def run_config_of(cluster: Cluster) -> RunConfig:
+    """The run's resolved config, read from where the Cluster says it is stored."""
+    if not cluster.config_uri:
+        raise InfraError(f"cluster {cluster.name} names no run config; bring it up with the skypilot provider's up()")
+    try:
+        with filesystem_for(cluster.config_uri, cluster.store_endpoint).open(strip_scheme(cluster.config_uri), "r") as f:
+            return RunConfig.model_validate(yaml.safe_load(f))
+    except FileNotFoundError:
+        raise InfraError(f"run config {cluster.config_uri} is missing from the store; the run was not begun there "
+                         "(resolve the run first) or the store lost it") from None
 
 
 def _cluster_job(job: Job) -> tuple[str, int] | None:
