@@ -21,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from verl_grpo.providers.skypilot.boundary import (  # noqa: F401  (re-exported: the provider calls them here)
+from verl_grpo.providers.skypilot.boundary import (
     JobRecord,
     catalog_dir,
     catalog_offers,
@@ -30,6 +30,13 @@ from verl_grpo.providers.skypilot.boundary import (  # noqa: F401  (re-exported:
     load_task,
 )
 from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
+
+__all__ = [
+    "JobRecord", "cancel", "cancel_cluster_job", "catalog_dir", "catalog_offers", "check_recovery_strategy",
+    "cluster_queue", "cluster_status", "create_cluster", "exec_on_cluster", "is_no_cloud_access", "launch_managed",
+    "load_job_group", "load_task", "queue", "stop_all", "summary", "tail_cluster_logs", "tail_logs",
+]
+"""SkyPilot's own loaders and catalog are re-exported: the provider calls them through this module."""
 
 MANAGED_TERMINAL = frozenset((
     "SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE", "FAILED_CONTROLLER",
