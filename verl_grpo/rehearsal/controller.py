@@ -472,8 +472,10 @@ class JobController:
         return "SUCCEEDED", None
 
     def _status(self) -> str:
+        """The live job's status is its (first) primary's; the job stays RUNNING while auxiliaries drain after
+        the primaries ended, so a final status is only ever reported once the job has really ended."""
         primary = next(t for t in self.tasks if t.watch_steps)
-        return primary.status
+        return "RUNNING" if primary.terminal else primary.status
 
     def _publish(self) -> None:
         self._set_state(status=self._status(), recovery_count=sum(t.recovery_count for t in self.tasks),

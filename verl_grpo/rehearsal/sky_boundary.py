@@ -250,6 +250,7 @@ def _job_record(path: Path) -> JobRecord:
     terminal = MANAGED_TERMINAL if job.get("kind") == "managed" else CLUSTER_TERMINAL
     if status not in terminal and not _controller_alive(path):
         _reap()
+        (path / "secrets.json").unlink(missing_ok=True)  # the job has ended: its controller cannot clean up
         if (path / "cancel_requested").exists():  # killed by the cancel before it could handle it
             status = "CANCELLED"
         else:
