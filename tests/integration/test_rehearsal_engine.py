@@ -1,0 +1,280 @@
+"""The rehearsal engine end to end: sky_boundary submits hand-written task YAMLs to real controllers that run
+real nodes (namespaces, setup, run, file_mounts from moto S3), inject preemptions, restart on errors, run job
+groups and cancel; after every test no process of any job remains."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
+from verl_grpo.rehearsal import sky_boundary as sky
+
+FAKE_TRAINER = textwrap.dedent("""\
+    import sys, time
+    for step in range(1, int(sys.argv[1]) + 1):
+        print(f"step:{step} - x:{step}", flush=True)
+        time.sleep(0.3)
+    """)
+TERMINAL = sky.MANAGED_TERMINAL | sky.CLUSTER_TERMINAL
+
+
+@pytest.fixture
+def rehearsal(tmp_path, monkeypatch):
+    """An empty rehearsal state dir; at teardown every job is stopped and no process of any job is left."""
+    state = tmp_path / "rehearsal"
+    monkeypatch.setenv(ENV_DIR, str(state))
+    for var in (ENV_PREEMPT_AT, ENV_FAIL_AT, ENV_MAIN_PPO):
+        monkeypatch.delenv(var, raising=False)
+    yield state
+    sky.stop_all()
+    for job in [*state.glob("jobs/*"), *state.glob("clusters/*/jobs/*")]:
+        if not (job / "state.json").exists():
+            continue
+        assert not sky._controller_alive(job), f"controller of {job} still runs"
+        left = subprocess.run(["pgrep", "-af", str(job)], capture_output=True, text=True)
+        assert left.returncode == 1, f"processes of {job} left behind:\n{left.stdout}"
+        assert not (job / "secrets.json").exists(), "secrets must be deleted when the job ends"
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    """A git checkout: tracked files, one untracked-not-ignored file (synced) and one ignored file (not synced)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text(FAKE_TRAINER)
+    (repo / ".gitignore").write_text("ignored.txt\n")
+    (repo / "ignored.txt").write_text("must not be synced")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "train.py", ".gitignore"], check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    (repo / "untracked.txt").write_text("synced")
+    return repo
+
+
+def task_yaml(**fields) -> str:
+    return json.dumps(fields)  # JSON is YAML
+
+
+def wait(job_id: int, cluster: str | None = None, timeout: float = 60) -> tuple[str, list[str]]:
+    """Poll until the job ends; returns (final status, every distinct status seen in order)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = sky.cluster_queue(cluster) if cluster else sky.queue()
+        status = next(r.status for r in records if r.job_id == job_id)
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        if status in TERMINAL:
+            return status, seen
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not end in {timeout}s; statuses {seen}")
+
+
+def events(job_id: int, name: str, cluster: str | None = None) -> list[dict]:
+    return [e for e in sky.summary(job_id, cluster)["events"] if e["event"] == name]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workdir, s3_bucket, tmp_path):
+    import boto3
+
+    uri, endpoint = s3_bucket
+    bucket, key = uri[len("s3://"):].split("/", 1)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").put_object(
+        Bucket=bucket, Key=f"{key}/data/obj.txt", Body=b"from the store")
+    local = tmp_path / "local.txt"
+    local.write_text("from a local file")
+    yaml = task_yaml(
+        name="train", num_nodes=2, workdir=str(workdir),
+        resources={"accelerators": "H100:8"},
+        envs={"FOO": "bar", "AWS_ENDPOINT_URL": endpoint},
+        secrets={"MY_TOKEN": None, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None},
+        file_mounts={"/tmp/verl-grpo/local.txt": str(local), "/tmp/verl-grpo/obj.txt": f"{uri}/data/obj.txt"},
+        setup="echo setup on $SKYPILOT_NODE_RANK",
+        run=textwrap.dedent("""\
+            set -e
+            echo "FOO=$FOO TOKEN=$MY_TOKEN GPUS=$SKYPILOT_NUM_GPUS_PER_NODE NODES=$SKYPILOT_NUM_NODES ON=$VERL_GRPO_REHEARSAL"
+            echo "IPS=$(echo "$SKYPILOT_NODE_IPS" | wc -l) PYTHONPATH_IS_WORKDIR=$([ "$PYTHONPATH" = "$PWD" ] && echo yes)"
+            echo "LOCAL=$(cat /tmp/verl-grpo/local.txt) S3=$(cat /tmp/verl-grpo/obj.txt)"
+            test ! -e ignored.txt && test -e untracked.txt && echo "SYNC=ok"
+            if [ "$SKYPILOT_NODE_RANK" = 0 ]; then python train.py 2; fi
+            """))
+    secrets = {"MY_TOKEN": "tok-123", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    job_id = sky.launch_managed(yaml, "train-run", secrets, job_group=False)
+    lines = list(sky.tail_logs(job_id, follow=True))
+
+    record = next(r for r in sky.queue() if r.job_id == job_id)
+    assert (record.name, record.status, record.recovery_count) == ("train-run", "SUCCEEDED", 0)
+    assert "FOO=bar TOKEN=tok-123 GPUS=8 NODES=2 ON=1" in lines  # rank 0: unprefixed
+    assert "(train, rank=1) FOO=bar TOKEN=tok-123 GPUS=8 NODES=2 ON=1" in lines
+    assert "IPS=2 PYTHONPATH_IS_WORKDIR=yes" in lines
+    assert "LOCAL=from a local file S3=from the store" in lines
+    assert lines.count("SYNC=ok") == 1 and "(train, rank=1) SYNC=ok" in lines
+    assert "step:2 - x:2" in lines
+    assert not (workdir / "verl-grpo").exists(), "/tmp/... of the YAML lands in the node's own tmp/"
+    assert [e["exit_code"] for e in events(job_id, "node_run_exited")] == [0, 0]
+    assert events(job_id, "job_ended")[0]["status"] == "SUCCEEDED"
+
+
+def test_failing_setup_is_failed_setup_without_retry(rehearsal, workdir):
+    yaml = task_yaml(name="t", workdir=str(workdir), setup="echo installing; exit 3", run="echo never",
+                     resources={"job_recovery": {"max_restarts_on_errors": 2}})
+    job_id = sky.launch_managed(yaml, "setup-fails", {}, job_group=False)
+    status, seen = wait(job_id)
+    assert status == "FAILED_SETUP"
+    assert "RUNNING" not in seen
+    assert [e["exit_code"] for e in events(job_id, "node_setup_exited")] == [3]
+    assert not events(job_id, "run_started") and len(events(job_id, "task_launched")) == 1
+    assert "never" not in list(sky.tail_logs(job_id, follow=False))
+
+
+def test_user_failure_is_restarted_max_restarts_on_errors_times_then_failed(rehearsal, workdir):
+    yaml = task_yaml(name="t", workdir=str(workdir), run="echo crashing; exit 7",
+                     resources={"job_recovery": {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 2}})
+    job_id = sky.launch_managed(yaml, "user-fails", {}, job_group=False)
+    status, seen = wait(job_id)
+    record = next(r for r in sky.queue() if r.job_id == job_id)
+    assert status == "FAILED" and "RECOVERING" in seen
+    assert "exit code 7" in record.failure_reason and "crashing" in record.failure_reason
+    assert [e["restart"] for e in events(job_id, "restarted_after_error")] == [1, 2]
+    assert len(events(job_id, "task_launched")) == 3
+
+
+def test_two_injected_preemptions_recover_and_succeed(rehearsal, workdir, monkeypatch):
+    monkeypatch.setenv(ENV_PREEMPT_AT, "2,4")
+    yaml = task_yaml(name="trainer", workdir=str(workdir), setup="echo setup", run="python train.py 5",
+                     resources={"job_recovery": {"max_restarts_on_errors": 0}})
+    job_id = sky.launch_managed(yaml, "preempted", {}, job_group=False)
+    monkeypatch.delenv(ENV_PREEMPT_AT)  # read at launch: later changes do not matter
+    status, seen = wait(job_id)
+    record = next(r for r in sky.queue() if r.job_id == job_id)
+    assert (status, record.recovery_count) == ("SUCCEEDED", 2)
+    assert seen.count("RECOVERING") == 2, seen
+    assert [e["step"] for e in events(job_id, "preempted")] == [2, 4]
+    assert [e["exit_code"] for e in events(job_id, "node_setup_exited")] == [0, 0, 0]  # setup on fresh nodes
+    assert "step:5 - x:5" in list(sky.tail_logs(job_id, follow=False))
+
+
+def test_job_group_primary_reaches_auxiliary_by_name_and_auxiliary_stops_after_delay(rehearsal, workdir):
+    port = free_port()
+    header = {"name": "grp", "execution": "parallel", "primary_tasks": ["trainer"], "termination_delay": "2s"}
+    aux = {"name": "web", "run": f"python -m http.server --bind 127.0.0.1 {port}"}
+    reach = (f"import time, urllib.request\nurl = 'http://web-0.grp:{port}/'\n"
+             "for _ in range(100):\n"
+             "    try:\n        print('reached', url, urllib.request.urlopen(url).status, flush=True); break\n"
+             "    except OSError:\n        time.sleep(0.1)\nelse:\n    raise SystemExit('auxiliary unreachable')\n")
+    trainer = {"name": "trainer", "workdir": str(workdir),
+               "run": f'test "$SKYPILOT_JOBGROUP_NAME" = grp\ncat > reach.py <<"EOF"\n{reach}EOF\npython reach.py'}
+    yaml = "\n---\n".join(json.dumps(doc) for doc in (header, aux, trainer))
+    job_id = sky.launch_managed(yaml, "grp", {}, job_group=True)
+    status, _ = wait(job_id)
+    summary = sky.summary(job_id)
+    assert status == "SUCCEEDED", summary["failure_reason"]
+    assert summary["tasks"] == {"web": "CANCELLED", "trainer": "SUCCEEDED"}
+    lines = list(sky.tail_logs(job_id, follow=False))
+    assert f"reached http://web-0.grp:{port}/ 200" in lines
+    assert any(line.startswith("(web, rank=0) ") for line in lines)
+    trainer_end = next(e["ts"] for e in events(job_id, "task_ended") if e["task"] == "trainer")
+    assert events(job_id, "auxiliary_terminating")[0]["delay_s"] == 2
+    assert events(job_id, "auxiliary_terminated")[0]["ts"] - trainer_end >= 1.9
+
+
+def test_cancel_kills_every_node(rehearsal, workdir):
+    yaml = task_yaml(name="t", workdir=str(workdir), num_nodes=2, run="sleep 300 & python train.py 1000")
+    job_id = sky.launch_managed(yaml, "to-cancel", {}, job_group=False)
+    deadline = time.monotonic() + 30
+    while next(r for r in sky.queue() if r.job_id == job_id).status != "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sky.cancel(job_id)
+    status, _ = wait(job_id)
+    assert status == "CANCELLED"
+    assert events(job_id, "cancel_requested")
+
+
+def test_exec_on_cluster_runs_no_setup_and_keeps_the_cluster(rehearsal, workdir, tmp_path):
+    assert sky.cluster_status("dev") is None
+    sky.create_cluster("dev")
+    assert sky.cluster_status("dev") == "UP"
+    first = task_yaml(name="round", workdir=str(workdir), setup="exit 1",
+                      file_mounts={"/tmp/mounted.txt": str(workdir / "train.py")},
+                      run="test ! -e /tmp/mounted.txt && echo no-mount && echo kept > /tmp/left.txt")
+    job1 = sky.exec_on_cluster("dev", first, {})
+    assert wait(job1, cluster="dev")[0] == "SUCCEEDED"
+    job2 = sky.exec_on_cluster("dev", task_yaml(name="round", run="cat /tmp/left.txt"), {})
+    status, seen = wait(job2, cluster="dev")
+    assert status == "SUCCEEDED" and "STARTING" not in seen
+    assert "no-mount" in list(sky.tail_cluster_logs("dev", job1, follow=False))
+    assert "kept" in list(sky.tail_cluster_logs("dev", job2, follow=True))
+    assert [r.job_id for r in sky.cluster_queue("dev")] == [job2, job1]
+    assert sky.cluster_status("dev") == "UP" and sky.queue() == []
+
+
+def test_pip_uv_and_python_shims(rehearsal, workdir, monkeypatch):
+    (workdir / "fake_main_ppo.py").write_text("import sys\nprint('stand-in got', sys.argv[1:])\n")
+    monkeypatch.setenv(ENV_MAIN_PPO, "fake_main_ppo")
+    ok = task_yaml(name="t", workdir=str(workdir), setup=textwrap.dedent("""\
+        set -e
+        pip install 'packaging>=20' pyyaml
+        uv pip install --system 'vllm==0.24.0' 'verl[vllm]' 'flash-attn'
+        uv venv --allow-existing --seed --python 3.11 /tmp/venv
+        """), run=textwrap.dedent("""\
+        set -e
+        . /tmp/venv/bin/activate
+        echo "VENV=$VIRTUAL_ENV"
+        python -m verl.trainer.main_ppo trainer.total_epochs=1
+        """))
+    missing = task_yaml(name="t", workdir=str(workdir), run="true",
+                        setup="python -m pip install 'packaging>=20' 'surely-not-installed-pkg>=1'")
+    (workdir / "pyproject.toml").write_text('[project]\nname = "future"\nversion = "0"\nrequires-python = ">=3.99"\n')
+    editable = task_yaml(name="t", workdir=str(workdir), run="true",
+                         setup="uv pip install --system --no-deps -e .")
+    jobs = [sky.launch_managed(yaml, name, {}, job_group=False)
+            for name, yaml in (("ok", ok), ("missing", missing), ("editable", editable))]
+    results = {job: wait(job)[0] for job in jobs}
+    ok_id, missing_id, editable_id = jobs
+    assert results[ok_id] == "SUCCEEDED", sky.summary(ok_id)["failure_reason"]
+    lines = list(sky.tail_logs(ok_id, follow=False))
+    assert any("vllm==0.24.0: missing, stood in: GPU-only" in line for line in lines)
+    assert "VENV=/tmp/venv" in lines
+    assert "stand-in got ['trainer.total_epochs=1']" in lines
+    assert results[missing_id] == "FAILED_SETUP"
+    assert "surely-not-installed-pkg" in sky.summary(missing_id)["failure_reason"]
+    assert results[editable_id] == "FAILED_SETUP"
+    assert "does not satisfy Python>=3.99" in "\n".join(sky.tail_logs(editable_id, follow=False))
+
+
+def test_yaml_skypilot_rejects_is_failed_prechecks(rehearsal):
+    job_id = sky.launch_managed(task_yaml(name="bad", run="true", no_such_field=1), "bad", {}, job_group=False)
+    assert wait(job_id)[0] == "FAILED_PRECHECKS"
+    assert "no_such_field" in next(r for r in sky.queue() if r.job_id == job_id).failure_reason
+
+
+def test_dead_controller_is_failed_controller(rehearsal, workdir):
+    job_id = sky.launch_managed(task_yaml(name="t", workdir=str(workdir), run="sleep 300"), "orphan", {}, False)
+    path = rehearsal / "jobs" / str(job_id)
+    deadline = time.monotonic() + 30
+    while next(r for r in sky.queue() if r.job_id == job_id).status != "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(sky._read_json(path / "state.json")["controller_pid"], 9)
+    status, _ = wait(job_id)
+    assert status == "FAILED_CONTROLLER"
+    deadline = time.monotonic() + 10  # the nodes die with their controller (parent-death signal)
+    while subprocess.run(["pgrep", "-f", str(path)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "nodes outlived their controller"
+        time.sleep(0.1)

@@ -1,0 +1,20 @@
+"""A local rehearsal of SkyPilot ("the cloud") that runs the very task YAML our SkyPilot provider renders.
+
+`sky_boundary` is a drop-in for `verl_grpo.providers.skypilot.boundary`: a managed job becomes a detached
+`controller` process that parses the YAML with SkyPilot's own loaders and runs every node of every task in its
+own unprivileged Linux namespaces (PID + mount: a private /tmp and /etc/hosts) on this machine. Setup, run,
+ray, file_mounts from the store and the workdir sync run for real; GPUs, package installs (checked offline by
+shims) and verl's GPU trainer (`main_ppo_cpu`) are stood in for. Preemptions are injected by step number.
+"""
+
+ENV_DIR = "VERL_GRPO_REHEARSAL_DIR"
+"""Where all rehearsal state lives (jobs, clusters); required by `sky_boundary`."""
+ENV_PREEMPT_AT = "VERL_GRPO_REHEARSAL_PREEMPT_AT"
+"""Comma list of verl step numbers at which the primary task's nodes are killed (read when a job is launched)."""
+ENV_FAIL_AT = "VERL_GRPO_REHEARSAL_FAIL_AT"
+"""Passed through to the nodes: the CPU trainer stand-in fails by itself at this step."""
+ENV_ON_NODE = "VERL_GRPO_REHEARSAL"
+"""Set to "1" in every node process."""
+ENV_MAIN_PPO = "VERL_GRPO_REHEARSAL_MAIN_PPO"
+"""Module run in place of `verl.trainer.main_ppo` (default `verl_grpo.rehearsal.main_ppo_cpu`)."""
+DEFAULT_MAIN_PPO = "verl_grpo.rehearsal.main_ppo_cpu"

@@ -1,0 +1,627 @@
+"""The rehearsal's jobs controller: `python -m verl_grpo.rehearsal.controller JOB_DIR` owns one job until it ends.
+
+Stands in for SkyPilot's jobs controller and for the VMs it provisions: every node of every task is a set of
+unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing a node kills everything it
+started, like a preempted VM; a mount namespace with the node's own /tmp and an /etc/hosts that resolves the
+job group's `<task>-<rank>.<group>` names to 127.0.0.1). Runs for real: SkyPilot's YAML loaders, the workdir
+sync (git-tracked and untracked-not-ignored files), file_mounts from the store (s3 via fsspec) or local paths,
+the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is only reported), package
+installs and verl's trainer (see `shims`), preemptions (injected at verl step numbers).
+
+Log format of `run.log`: the first primary task's rank-0 lines are written unprefixed (so `step:N - ...` stays at
+line start for our parsers); every other node's lines as `(<task>, rank=<r>) <line>`; the controller's own lines
+as `rehearsal: <what happened>`.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE
+from verl_grpo.rehearsal.shims import write_shims
+from verl_grpo.rehearsal.sky_boundary import (
+    PACKAGE_ROOT,
+    _append_event,
+    _read_json,
+    _update_state,
+)
+
+STEP_LINE = re.compile(r"^step:(\d+) - ")
+"""verl's console step line; the primary task's rank 0 is watched for it to inject preemptions."""
+POLL_S = 0.1
+RECOVERY_WAIT_S = 1.0
+"""Pause between killing a preempted task's nodes and relaunching it (SkyPilot re-provisions here)."""
+LOG_TAIL_LINES = 15
+NAMESPACE_FLAGS = ("--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child")
+NEEDS_NAMESPACES = ("the rehearsal needs unprivileged user namespaces "
+                    "(`unshare --user --map-root-user --mount --pid --fork` must work on this machine)")
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child must not load libraries
+
+
+class JobLog:
+    """The job's combined `run.log`, written by one reader thread per node and by the controller."""
+
+    def __init__(self, path: Path):
+        self._file = path.open("a", buffering=1, errors="replace")
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def say(self, what: str) -> None:
+        self.write(f"rehearsal: {what}")
+
+
+class Node:
+    """One node of one attempt of a task: an `unshare` process whose PID 1 is a bash agent that runs setup,
+    waits for the controller's go (setup done on every node, as SkyPilot), runs `run`, and stays alive (with
+    whatever daemons the run left, e.g. a worker's raylet) until the controller kills the namespace."""
+
+    def __init__(self, task: TaskRun, rank: int, state: Path, root: Path):
+        self.task, self.rank, self.state, self.root = task, rank, state, root
+        self.attempt = task.attempt
+        self.proc: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+        self.setup_rc: int | None = None
+        self.run_rc: int | None = None
+
+    @property
+    def prefix(self) -> str:
+        return "" if self.task.watch_steps and self.rank == 0 else f"({self.task.name}, rank={self.rank}) "
+
+    def start(self, env: dict[str, str], cwd: Path, run_setup: bool, keep: list[Path]) -> None:
+        (self.state / "setup.sh").write_text(self.task.task.setup or "")
+        (self.state / "run.sh").write_text(self.task.task.run or "")
+        agent = self.state / "node.sh"
+        agent.write_text(_agent_script(self.state, self.root / "tmp", cwd, run_setup, keep))
+        self.proc = subprocess.Popen(
+            ["unshare", *NAMESPACE_FLAGS, "bash", str(agent)], env=env, cwd=str(self.root),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        self.reader = threading.Thread(target=self._read, daemon=True, name=f"{self.task.name}-{self.rank}")
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc and self.proc.stdout
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            self.task.log.write(self.prefix + line)
+            self.task.tail.append(f"{self.prefix}{line}")
+            if self.rank == 0 and self.task.watch_steps and self.attempt == self.task.attempt:
+                match = STEP_LINE.match(line)
+                if match:
+                    self.task.saw_step(int(match.group(1)))
+
+    def poll_codes(self) -> tuple[bool, bool]:
+        """Read newly written exit codes; returns (setup code new, run code new)."""
+        new_setup = new_run = False
+        if self.setup_rc is None and (self.state / "setup.rc").exists():
+            self.setup_rc, new_setup = int((self.state / "setup.rc").read_text()), True
+        if self.run_rc is None and (self.state / "run.rc").exists():
+            self.run_rc, new_run = int((self.state / "run.rc").read_text()), True
+        return new_setup, new_run
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def go(self) -> None:
+        (self.state / "go").touch()
+
+    def kill(self) -> None:
+        """SIGKILL the namespace's init (and unshare): the kernel kills every process in the PID namespace."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(timeout=5)
+
+
+class TaskRun:
+    """One task of the job through its attempts: launch nodes, watch exit codes, restart on errors, recover from
+    injected preemptions. Statuses are SkyPilot's ManagedJobStatus values (JobStatus for `sky exec` jobs)."""
+
+    def __init__(self, job: JobController, index: int, task: Any, primary: bool, watch_steps: bool):
+        self.job, self.index, self.task, self.primary = job, index, task, primary
+        self.name = str(task.name or job.info["name"])
+        self.log = job.log
+        self.watch_steps = watch_steps
+        self.exec_mode = job.exec_mode
+        self.status = "PENDING"
+        self.failure_reason: str | None = None
+        self.attempt = 0
+        self.nodes: list[Node] = []
+        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.max_restarts = 0 if self.exec_mode else _max_restarts_on_errors(task)
+        self.restarts_on_errors = 0
+        self.recovery_count = 0
+        self.preempt_at = set() if self.exec_mode else set(job.info.get("preempt_at") or [])
+        self.used_steps: set[int] = set()
+        self.preempt_step: int | None = None
+        self.relaunch_at: float | None = None
+        self.terminate_at: float | None = None
+        self.running = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+
+    def saw_step(self, step: int) -> None:
+        """Called from a reader thread; the main loop does the killing."""
+        if step in self.preempt_at and step not in self.used_steps and self.preempt_step is None:
+            self.used_steps.add(step)
+            self.preempt_step = step
+
+    def launch(self) -> None:
+        self.attempt += 1
+        self.running = False
+        self.tail.clear()
+        if self.status == "PENDING":
+            self.status = "SETTING_UP" if self.exec_mode else "STARTING"
+        num_nodes = int(self.task.num_nodes or 1)
+        self.nodes = []
+        for rank in range(num_nodes):
+            state = self.job.path / f"attempt-{self.attempt}" / _safe(self.name) / f"node-{rank}"
+            root = self.job.cluster_path / f"node-{rank}" if self.exec_mode else state
+            state.mkdir(parents=True, exist_ok=True)
+            for sub in ("home", "tmp"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            self.nodes.append(Node(self, rank, state, root))
+        for node in self.nodes:
+            self._prepare(node)
+        self.job.event("task_launched", task=self.name, attempt=self.attempt, num_nodes=num_nodes)
+        self.log.say(f"task {self.name}: attempt {self.attempt} on {num_nodes} node(s)")
+        for node in self.nodes:
+            cwd = node.root / "workdir" if self.task.workdir else node.root / "home"
+            node.start(self._env(node), cwd, run_setup=not self.exec_mode, keep=self.job.keep_paths)
+
+    def _prepare(self, node: Node) -> None:
+        workdir = node.root / "workdir"
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir()
+        if isinstance(self.task.workdir, str):
+            sync_workdir(Path(self.task.workdir).expanduser(), workdir)
+        hosts = Path("/etc/hosts").read_text()
+        if self.job.group_name:
+            names = [f"127.0.0.1 {t.name}-{r}.{self.job.group_name}"
+                     for t in self.job.tasks for r in range(int(t.task.num_nodes or 1))]
+            hosts = hosts.rstrip("\n") + "\n# rehearsal: job group hosts\n" + "\n".join(names) + "\n"
+        (node.state / "hosts").write_text(hosts)
+        if not self.exec_mode:  # `sky exec` does not sync file_mounts
+            for dst, src in (self.task.file_mounts or {}).items():
+                materialize_mount(str(src), node_path(node.root, str(dst)), self._env_value)
+
+    def _env_value(self, key: str) -> str | None:
+        secrets = _secret_values(self.task)
+        return (self.task.envs or {}).get(key) or secrets.get(key) or self.job.secrets.get(key) \
+            or os.environ.get(key)
+
+    def _env(self, node: Node) -> dict[str, str]:
+        num_nodes = len(self.nodes)
+        info = self.job.info
+        env = {
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "PYTHONUNBUFFERED": "1",  # stream logs as SkyPilot's log tailing shows them
+            **{k: str(v) for k, v in (self.task.envs or {}).items()},
+            **_secret_values(self.task),
+            "HOME": str(node.root / "home"),
+            "USER": os.environ.get("USER", "root"),
+            "PATH": f"{self.job.path / 'shims'}:{Path(sys.executable).parent}:/usr/bin:/bin",
+            "PYTHONPATH": str(node.root / "workdir"),
+            ENV_ON_NODE: "1",
+            "SKYPILOT_NODE_RANK": str(node.rank),
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * num_nodes),
+            "SKYPILOT_NUM_NODES": str(num_nodes),
+            "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(self.task)),
+            "SKYPILOT_TASK_ID": f"sky-managed-{int(info['submitted_at'])}_{info['name']}_{info['job_id']}"
+                                f"-{self.index}",
+            "SKYPILOT_CLUSTER_INFO": json.dumps({
+                "cluster_name": info.get("cluster") or f"{_safe(self.name)}-{info['job_id']}",
+                "cloud": "Rehearsal", "region": "local", "zone": None}),
+        }
+        if self.job.group_name:
+            env["SKYPILOT_JOBGROUP_NAME"] = self.job.group_name
+        if info.get("fail_at"):
+            env[ENV_FAIL_AT] = str(info["fail_at"])
+        if info.get("main_ppo"):
+            env[ENV_MAIN_PPO] = str(info["main_ppo"])
+        return env
+
+    def poll(self, now: float) -> None:
+        if self.terminal:
+            return
+        if self.terminate_at is not None and now >= self.terminate_at:
+            self.kill_nodes()
+            self._end("CANCELLED", None)
+            self.job.event("auxiliary_terminated", task=self.name)
+            self.log.say(f"task {self.name}: auxiliary terminated (all primary tasks ended)")
+            return
+        if self.relaunch_at is not None:
+            if now >= self.relaunch_at:
+                self.relaunch_at = None
+                self.launch()
+            return
+        if self.preempt_step is not None:
+            self._preempt(now)
+            return
+        for node in self.nodes:
+            new_setup, new_run = node.poll_codes()
+            if new_setup and not self.exec_mode:
+                self.job.event("node_setup_exited", task=self.name, attempt=self.attempt, rank=node.rank,
+                               exit_code=node.setup_rc)
+            if new_run:
+                self.job.event("node_run_exited", task=self.name, attempt=self.attempt, rank=node.rank,
+                               exit_code=node.run_rc)
+        failed_setup = next((n for n in self.nodes if n.setup_rc not in (None, 0)), None)
+        if failed_setup is not None:
+            self.kill_nodes()
+            self._end("FAILED_SETUP", f"Setup failed with exit code {failed_setup.setup_rc} on node rank "
+                                     f"{failed_setup.rank} of task {self.name}. Log tail:\n{self._tail()}")
+            return
+        if not self.running and all(n.setup_rc == 0 for n in self.nodes):
+            for node in self.nodes:
+                node.go()
+            self.running = True
+            self.status = "RUNNING"
+            self.job.event("run_started", task=self.name, attempt=self.attempt)
+            return
+        failed_run = [n for n in self.nodes if n.run_rc not in (None, 0)]
+        if failed_run:
+            self._user_failure([n.run_rc for n in failed_run])  # type: ignore[misc]
+            return
+        if self.running and all(n.run_rc == 0 for n in self.nodes):
+            self._end("SUCCEEDED", None)
+            return
+        dead = next((n for n in self.nodes if not n.alive()), None)
+        if dead is not None:  # the agent itself died (not a run exit): treat like a lost node
+            time.sleep(0.2)
+            dead.poll_codes()
+            if dead.setup_rc is None or (self.running and dead.run_rc is None):
+                self.kill_nodes()
+                self._end("FAILED", f"node rank {dead.rank} of task {self.name} died unexpectedly. "
+                                    f"Log tail:\n{self._tail()}")
+
+    def _preempt(self, now: float) -> None:
+        step = self.preempt_step
+        self.preempt_step = None
+        self.kill_nodes()
+        self.log.say(f"task {self.name}: preempted at step {step} (every node killed); recovering")
+        self.job.event("preempted", task=self.name, attempt=self.attempt, step=step)
+        self._recover("preempted", now + RECOVERY_WAIT_S)
+
+    def _user_failure(self, codes: list[int]) -> None:
+        self.kill_nodes()
+        desc = f"Job exited with exit code {codes[0]}" if len(codes) == 1 else f"Job exited with exit codes {codes}"
+        if self.restarts_on_errors < self.max_restarts:
+            self.restarts_on_errors += 1
+            self.log.say(f"task {self.name}: {desc}; restart {self.restarts_on_errors} of {self.max_restarts} "
+                         "on errors")
+            self.job.event("restarted_after_error", task=self.name, attempt=self.attempt, exit_codes=codes,
+                           restart=self.restarts_on_errors, max_restarts_on_errors=self.max_restarts)
+            self._recover(f"user code failed ({desc})", time.time())
+            return
+        self._end("FAILED", f"{desc} (task {self.name}, attempt {self.attempt}). Log tail:\n{self._tail()}")
+
+    def _recover(self, reason: str, relaunch_at: float) -> None:
+        self.status = "RECOVERING"
+        self.recovery_count += 1  # SkyPilot counts failure-driven recoveries: preemptions and restarts on errors
+        self.job.event("recovering", task=self.name, reason=reason, recovery_count=self.recovery_count)
+        self.relaunch_at = relaunch_at
+
+    def _end(self, status: str, reason: str | None) -> None:
+        self.status, self.failure_reason = status, reason
+        self.job.event("task_ended", task=self.name, status=status, failure_reason=reason)
+        self.log.say(f"task {self.name}: {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
+
+    def cancel(self) -> None:
+        self.kill_nodes()
+        if not self.terminal:
+            self._end("CANCELLED", None)
+
+    def kill_nodes(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def _tail(self) -> str:
+        return "\n".join(self.tail)
+
+
+class JobController:
+    """Owns one job dir: parses the YAML, runs its tasks' nodes, writes state.json and events.jsonl."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.info = _read_json(path / "job.json")
+        self.exec_mode = self.info.get("kind") == "cluster"
+        self.cluster_path = Path(self.info["state_dir"]) / "clusters" / str(self.info.get("cluster"))
+        self.log = JobLog(path / "run.log")
+        self.cancel_requested = False
+        self.secrets: dict[str, str] = {}
+        self.tasks: list[TaskRun] = []
+        self.group_name: str | None = None
+        self.primaries_done = False
+        self.termination_delay: dict[str, int] = {}
+        self.keep_paths = _paths_to_keep_under_tmp([Path(self.info["state_dir"]), PACKAGE_ROOT,
+                                                     Path(sys.executable).parent.parent])
+
+    def event(self, name: str, **fields: Any) -> None:
+        _append_event(self.path, name, **fields)
+
+    def run(self) -> None:
+        self._set_state(controller_pid=os.getpid())
+        self.event("controller_started", pid=os.getpid())
+        if (self.path / "cancel_requested").exists():
+            return self._finish("CANCELLED", None)
+        secrets_file = self.path / "secrets.json"
+        try:
+            self.secrets = json.loads(secrets_file.read_text())
+            try:
+                self._load()
+            except Exception as e:  # SkyPilot's loaders reject the YAML: what `sky jobs launch` would refuse
+                self.event("prechecks_failed", error=f"{type(e).__name__}: {e}")
+                return self._finish("FAILED_PRECHECKS", f"{type(e).__name__}: {e}")
+            if not _namespaces_work():
+                self.log.say(NEEDS_NAMESPACES)
+                return self._finish("FAILED_PRECHECKS", NEEDS_NAMESPACES)
+            write_shims(self.path / "shims", sys.executable, PACKAGE_ROOT)
+            self._supervise()
+        except Exception as e:
+            self.log.say(f"controller error: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            for task in self.tasks:
+                task.kill_nodes()
+            self._finish("FAILED_DRIVER" if self.exec_mode else "FAILED_CONTROLLER", f"{type(e).__name__}: {e}")
+        finally:
+            secrets_file.unlink(missing_ok=True)
+
+    def _load(self) -> None:
+        from verl_grpo.providers.skypilot import boundary
+
+        yaml_str = (self.path / "task.yaml").read_text()
+        if self.info.get("job_group"):
+            dag = boundary.load_job_group(yaml_str, self.secrets)
+            self.group_name = str(dag.name)
+            primaries = list(dag.primary_tasks or []) or [t.name for t in dag.tasks]
+            first_primary = next(t.name for t in dag.tasks if t.name in primaries)
+            self.tasks = [TaskRun(self, i, t, t.name in primaries, watch_steps=t.name == first_primary)
+                          for i, t in enumerate(dag.tasks)]
+            self.termination_delay = {t.name: dag.get_termination_delay_secs(t.name) for t in dag.tasks}
+        else:
+            task = boundary.load_task(yaml_str, self.secrets)
+            self.tasks = [TaskRun(self, 0, task, True, watch_steps=True)]
+            self.termination_delay = {}
+            if self.exec_mode:
+                cluster = _read_json(self.cluster_path / "cluster.json")
+                if int(task.num_nodes or 1) > int(cluster["num_nodes"]):
+                    raise ValueError(f"task needs {task.num_nodes} nodes, cluster {cluster['name']} has "
+                                     f"{cluster['num_nodes']}")
+
+    def _supervise(self) -> None:
+        for task in self.tasks:
+            task.launch()
+        self._publish()
+        while True:
+            if self.cancel_requested or (self.path / "cancel_requested").exists():
+                self.event("cancel_requested")
+                self.log.say("cancel requested: killing every node")
+                for task in self.tasks:
+                    task.cancel()
+                return self._finish("CANCELLED", None)
+            now = time.time()
+            for task in self.tasks:
+                was_terminal = task.terminal
+                task.poll(now)
+                if task.terminal and not was_terminal and not task.primary and not self.primaries_done \
+                        and task.status != "SUCCEEDED":
+                    self.event("auxiliary_failed", task=task.name, status=task.status)
+                    self.log.say(f"auxiliary task {task.name} ended {task.status} before the primary tasks")
+            self._after_primaries(now)
+            self._publish()
+            if all(task.terminal for task in self.tasks):
+                break
+            time.sleep(POLL_S)
+        for task in self.tasks:
+            task.kill_nodes()  # a job group keeps every cluster until the job ends, as SkyPilot
+        status, reason = self._final()
+        self._finish(status, reason)
+
+    def _after_primaries(self, now: float) -> None:
+        """Once every primary task has ended, auxiliaries go after their termination_delay (at once when a
+        primary did not succeed), as sky/jobs/controller.py does."""
+        primaries = [t for t in self.tasks if t.primary]
+        if self.primaries_done or not all(t.terminal for t in primaries):
+            return
+        self.primaries_done = True
+        all_ok = all(t.status == "SUCCEEDED" for t in primaries)
+        for task in self.tasks:
+            if not task.primary and not task.terminal:
+                delay = self.termination_delay.get(task.name, 0) if all_ok else 0
+                task.terminate_at = now + delay
+                self.event("auxiliary_terminating", task=task.name, delay_s=delay)
+
+    def _final(self) -> tuple[str, str | None]:
+        """The first primary not succeeded decides; else a failed auxiliary fails the group (SkyPilot's job
+        group reports success only when every task succeeded; terminated auxiliaries do not count)."""
+        for task in self.tasks:
+            if task.primary and task.status != "SUCCEEDED":
+                return task.status, task.failure_reason
+        for task in self.tasks:
+            if not task.primary and task.status not in ("SUCCEEDED", "CANCELLED"):
+                return "FAILED", f"auxiliary task {task.name} ended {task.status}: {task.failure_reason}"
+        return "SUCCEEDED", None
+
+    def _status(self) -> str:
+        """The live job's status is its (first) primary's; the job stays RUNNING while auxiliaries drain after
+        the primaries ended, so a final status is only ever reported once the job has really ended."""
+        primary = next(t for t in self.tasks if t.watch_steps)
+        return "RUNNING" if primary.terminal else primary.status
+
+    def _publish(self) -> None:
+        self._set_state(status=self._status(), recovery_count=sum(t.recovery_count for t in self.tasks),
+                        tasks={t.name: t.status for t in self.tasks})
+
+    def _finish(self, status: str, reason: str | None) -> None:
+        recovery_count = sum(t.recovery_count for t in self.tasks)
+        self._set_state(status=status, failure_reason=reason, recovery_count=recovery_count,
+                        tasks={t.name: t.status for t in self.tasks}, ended_at=time.time())
+        self.event("job_ended", status=status, failure_reason=reason, recovery_count=recovery_count)
+        self.log.say(f"job {self.info['job_id']} {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
+
+    def _set_state(self, **changes: Any) -> None:
+        _update_state(self.path, **changes)
+
+
+# --- node preparation ---------------------------------------------------------------------------------------
+
+
+def sync_workdir(src: Path, dst: Path) -> None:
+    """Copy `src` as SkyPilot syncs a workdir: git-tracked and untracked-not-ignored files only (all files when
+    `src` is not a git checkout)."""
+    listed = subprocess.run(["git", "-C", str(src), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True)
+    if listed.returncode != 0:
+        shutil.copytree(src, dst, dirs_exist_ok=True, symlinks=True)
+        return
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        source = src / rel
+        if not source.exists() and not source.is_symlink():
+            continue  # tracked but deleted in the working tree
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
+
+
+def node_path(root: Path, dst: str) -> Path:
+    """Where a path the node sees lies on this machine: /tmp is the node's tmp/, ~ (and relative) its home/."""
+    if dst.startswith("~"):
+        dst = dst[1:].lstrip("/")
+    if dst == "/tmp" or dst.startswith("/tmp/"):
+        return root / "tmp" / dst[len("/tmp"):].lstrip("/")
+    if dst.startswith("/"):
+        raise ValueError(f"file_mounts destination {dst}: the rehearsal maps only /tmp/... and ~/... into a node")
+    return root / "home" / dst
+
+
+def materialize_mount(src: str, dst: Path, env_value: Any) -> None:
+    """Copy one file_mounts source (s3:// object or prefix, or a local path) to `dst`."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.startswith("s3://"):
+        import fsspec
+
+        fs = fsspec.filesystem(
+            "s3", key=env_value("AWS_ACCESS_KEY_ID"), secret=env_value("AWS_SECRET_ACCESS_KEY"),
+            token=env_value("AWS_SESSION_TOKEN"), client_kwargs={"endpoint_url": env_value("AWS_ENDPOINT_URL")})
+        if fs.isdir(src):
+            fs.get(src.rstrip("/") + "/", str(dst), recursive=True)
+        else:
+            fs.get_file(src, str(dst))
+        return
+    source = Path(src).expanduser()
+    if source.is_dir():
+        shutil.copytree(source, dst, dirs_exist_ok=True)
+    else:
+        shutil.copy2(source, dst)
+
+
+def _agent_script(state: Path, node_tmp: Path, cwd: Path, run_setup: bool, keep: list[Path]) -> str:
+    """The node's init (PID 1 of its namespaces): mounts, setup, wait for go, run, then stay up."""
+    q = shlex.quote
+    mounts = []
+    for path in keep:  # paths under the host's /tmp the node still needs (job dir, interpreter) stay visible
+        inside = node_tmp / path.relative_to("/tmp")
+        inside.mkdir(parents=True, exist_ok=True)
+        mounts.append(f"mount --bind {q(str(path))} {q(str(inside))}")
+    mounts += [f"mount --rbind {q(str(node_tmp))} /tmp", f"mount --bind {q(str(state / 'hosts'))} /etc/hosts"]
+    s = q(str(state))
+    setup = f"bash {s}/setup.sh; rc=$?" if run_setup else "rc=0"
+    return f"""#!/bin/bash
+# rehearsal node agent: PID 1 of this node's namespaces
+{' && '.join(mounts)} || {{ echo "rehearsal: could not set up the node's mounts"; echo 97 > {s}/setup.rc; exec sleep infinity; }}
+cd {q(str(cwd))}
+{setup}
+echo $rc > {s}/setup.rc.tmp && mv {s}/setup.rc.tmp {s}/setup.rc
+[ "$rc" = 0 ] || exec sleep infinity
+while [ ! -e {s}/go ]; do sleep 0.05; done
+bash {s}/run.sh; rc=$?
+echo $rc > {s}/run.rc.tmp && mv {s}/run.rc.tmp {s}/run.rc
+exec sleep infinity
+"""
+
+
+def _paths_to_keep_under_tmp(paths: list[Path]) -> list[Path]:
+    inside = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp") and p.resolve() != Path("/tmp")})
+    return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+
+
+def _max_restarts_on_errors(task: Any) -> int:
+    for resources in task.resources or []:
+        recovery = getattr(resources, "job_recovery", None)
+        if isinstance(recovery, dict) and recovery.get("max_restarts_on_errors"):
+            return int(recovery["max_restarts_on_errors"])
+    return 0
+
+
+def _gpus_per_node(task: Any) -> int:
+    for resources in task.resources or []:
+        if resources.accelerators:
+            return int(sum(resources.accelerators.values()))
+    return 0
+
+
+def _secret_values(task: Any) -> dict[str, str]:
+    out = {}
+    for key, value in (getattr(task, "secrets", None) or {}).items():
+        if value is not None:
+            out[key] = value.get_secret_value() if hasattr(value, "get_secret_value") else str(value)
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _namespaces_work() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", *NAMESPACE_FLAGS, "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _die_with_parent() -> None:
+    """In the node's unshare (before exec): SIGKILL it when the controller dies, so no node outlives it."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m verl_grpo.rehearsal.controller JOB_DIR", file=sys.stderr)
+        return 2
+    controller = JobController(Path(argv[0]).absolute())
+    signal.signal(signal.SIGTERM, lambda *_: setattr(controller, "cancel_requested", True))
+    controller.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,239 @@
+"""Commands on a rehearsal node's PATH that stand in for what needs GPUs or the network: python, pip and uv.
+
+Stood in: `python -m verl.trainer.main_ppo` (exec'd as the CPU stand-in module), `pip install` / `uv pip install`
+(each requirement is checked offline against the real interpreter's installed packages instead of installed;
+GPU-only packages are reported and pass) and `uv venv` (a marker venv whose activate keeps the shims first).
+Runs for real: every other python invocation (exec'd as the real interpreter, silently). Each stand-in prints
+one `rehearsal:` line on stderr, so captured stdout (`$(python3 -c ...)`) stays clean.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+import stat
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO
+
+VERL_MAIN_PPO = "verl.trainer.main_ppo"
+GPU_ONLY = frozenset(canonicalize_name(n) for n in (
+    "vllm", "sglang", "sgl-kernel", "flash-attn", "flash_attn", "flashinfer", "flashinfer-python", "xformers"))
+"""Packages that only build/run with CUDA: missing here is expected, the rehearsal stands in for them."""
+GPU_EXTRAS = frozenset(("vllm", "sglang", "gpu", "flash-attn", "flashinfer"))
+"""Extras (of e.g. verl) that pull GPU-only packages."""
+SHIM_NAMES = ("python", "python3", "pip", "uv")
+# pip/uv options that take a value (the value is not a requirement).
+_VALUED_OPTIONS = frozenset((
+    "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-c", "--constraint", "--torch-backend",
+    "--python", "-p", "--prefix", "--target", "-t", "--cache-dir", "--index-strategy", "--trusted-host",
+    "--upgrade-package", "-P", "--extra", "--group", "--override"))
+
+
+def write_shims(shims_dir: Path, real_python: str, package_root: Path) -> None:
+    """Small executable scripts, one per stood-in command, that run `main` below with the real interpreter."""
+    shims_dir.mkdir(parents=True, exist_ok=True)
+    for name in SHIM_NAMES:
+        path = shims_dir / name
+        path.write_text(
+            f"#!{real_python}\n"
+            "import sys\n"
+            f"sys.path.insert(0, {str(package_root)!r})\n"
+            "from verl_grpo.rehearsal.shims import main\n"
+            f"sys.exit(main({name!r}, sys.argv[1:], {real_python!r}))\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def main(command: str, args: list[str], real_python: str) -> int:
+    """Entry of every shim; returns the exit code (or never returns: exec)."""
+    if command in ("python", "python3"):
+        return _python(args, real_python)
+    if command == "pip":
+        return _pip(args)
+    return _uv(args, real_python)
+
+
+def _say(line: str) -> None:
+    print(f"rehearsal: {line}", file=sys.stderr, flush=True)
+
+
+def _python(args: list[str], real_python: str) -> int:
+    flags = []
+    rest = list(args)
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c") and len(rest[0]) <= 3:
+        flags.append(rest.pop(0))  # e.g. -u, -B before -m
+    if rest[:2] == ["-m", VERL_MAIN_PPO]:
+        module = os.environ.get(ENV_MAIN_PPO) or DEFAULT_MAIN_PPO
+        _say(f"python -m {VERL_MAIN_PPO} runs as -m {module} (CPU stand-in for verl's GPU trainer)")
+        os.execv(real_python, [real_python, *flags, "-m", module, *rest[2:]])
+    if rest[:2] == ["-m", "pip"]:
+        return _pip(rest[2:])
+    os.execv(real_python, [real_python, *args])
+    return 0  # unreachable
+
+
+def _pip(args: list[str]) -> int:
+    if not args or args[0] != "install":
+        _say(f"pip {' '.join(args[:1])} is not stood in (only `pip install`)")
+        return 1
+    _say("pip install is checked offline against the real interpreter's packages, nothing is installed")
+    return check_install(args[1:])
+
+
+def _uv(args: list[str], real_python: str) -> int:
+    if args[:2] == ["pip", "install"]:
+        _say("uv pip install is checked offline against the real interpreter's packages, nothing is installed")
+        return check_install(args[2:])
+    if args[:1] == ["venv"]:
+        return _uv_venv(args[1:], real_python)
+    _say(f"uv {' '.join(args[:2])} is not stood in (only `uv pip install` and `uv venv`)")
+    return 2
+
+
+def _uv_venv(args: list[str], real_python: str) -> int:
+    wanted, target = None, None
+    it = iter(args)
+    for arg in it:
+        if arg in ("--python", "-p"):
+            wanted = next(it, None)
+        elif arg.startswith("--python="):
+            wanted = arg.split("=", 1)[1]
+        elif not arg.startswith("-"):
+            target = arg
+    if wanted and not python_satisfies(wanted):
+        print(f"error: No interpreter found for Python {wanted} (rehearsal: no Python {wanted} here; "
+              f"the real interpreter is {platform.python_version()})", file=sys.stderr)
+        return 2
+    venv = Path(target or ".venv").absolute()
+    shims = Path(sys.argv[0]).resolve().parent
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / "bin" / "activate").write_text(
+        f'export VIRTUAL_ENV={str(venv)!r}\n'
+        "# rehearsal: PATH is kept as it is (shims first, then the real interpreter)\n"
+        "deactivate() { unset VIRTUAL_ENV; }\n")
+    for name in ("python", "python3"):
+        link = venv / "bin" / name
+        if not link.exists():
+            link.symlink_to(shims / name)
+    _say(f"uv venv {venv} is a marker venv on the real interpreter {real_python}: activate sets VIRTUAL_ENV "
+         "and keeps PATH (shims first); packages are those of the real interpreter")
+    return 0
+
+
+def python_satisfies(wanted: str) -> bool:
+    """Whether this interpreter answers uv's `--python X` (a version like 3.11, a specifier, or pythonX.Y)."""
+    version = platform.python_version()
+    text = wanted.strip()
+    if text.startswith("python"):
+        text = text[len("python"):]
+    if text.startswith("/"):
+        return os.path.realpath(text) == os.path.realpath(sys.executable)
+    if text and text[0] in "<>=!~":
+        return SpecifierSet(text).contains(version, prereleases=True)
+    return version == text or version.startswith(text + ".")
+
+
+def check_install(args: list[str]) -> int:
+    """Check each requirement of a pip/uv install command line; 0 when all are satisfied or stood in."""
+    specs: list[str] = []
+    projects: list[Path] = []
+    no_deps = "--no-deps" in args
+    it = iter(args)
+    for arg in it:
+        if arg in ("-e", "--editable"):
+            projects.append(Path(next(it, ".")))
+        elif arg in ("-r", "--requirement"):
+            specs += _read_requirements(Path(next(it, "")))
+        elif arg in _VALUED_OPTIONS:
+            next(it, None)
+        elif arg.startswith("-"):
+            continue
+        elif arg in (".", "..") or arg.startswith(("./", "/", "../")):
+            projects.append(Path(arg))
+        else:
+            specs.append(arg)
+    failures: list[str] = []
+    for project in projects:
+        failures += _check_project(project, no_deps, specs)
+    for spec in specs:
+        failures += _check_requirement(spec)
+    if failures:
+        print(f"rehearsal: install check failed: {'; '.join(failures)}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _read_requirements(path: Path) -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("-")]
+
+
+def _check_project(project: Path, no_deps: bool, specs: list[str]) -> list[str]:
+    pyproject = project / "pyproject.toml"
+    if not pyproject.is_file():
+        return [f"{project}: no pyproject.toml"]
+    meta = tomllib.loads(pyproject.read_text()).get("project", {})
+    requires_python = meta.get("requires-python")
+    version = platform.python_version()
+    if requires_python and not SpecifierSet(requires_python).contains(version, prereleases=True):
+        name = meta.get("name", project)
+        print(f"  × No solution found when resolving dependencies:\n  ╰─▶ Because the current Python version "
+              f"({version}) does not satisfy Python{requires_python} and {name} depends on "
+              f"Python{requires_python}, we can conclude that {name} cannot be used.", file=sys.stderr)
+        return [f"{name} requires Python {requires_python}, the interpreter is {version}"]
+    print(f"rehearsal: {project} (editable): requires-python {requires_python or 'any'} satisfied by {version}",
+          file=sys.stderr)
+    if not no_deps:
+        specs += list(meta.get("dependencies", []))
+    return []
+
+
+def _check_requirement(spec: str) -> list[str]:
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement as e:
+        return [f"{spec!r}: not a requirement ({e})"]
+    if req.marker is not None and not req.marker.evaluate():
+        _say(f"{spec}: not for this platform (marker), skipped")
+        return []
+    name = canonicalize_name(req.name)
+    gpu_only = name in GPU_ONLY
+    try:
+        installed = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        if gpu_only:
+            _say(f"{spec}: missing, stood in: GPU-only")
+            return []
+        _say(f"{spec}: missing")
+        return [f"{spec} is not installed"]
+    if req.specifier and not req.specifier.contains(installed, prereleases=True):
+        if gpu_only:
+            _say(f"{spec}: {installed} installed, stood in: GPU-only")
+            return []
+        _say(f"{spec}: version mismatch, {installed} installed")
+        return [f"{spec} does not match the installed {req.name} {installed}"]
+    failures = [f for extra in sorted(req.extras) for f in _check_extra(req.name, extra)]
+    if not failures:
+        _say(f"{spec}: satisfied ({installed})")
+    return failures
+
+
+def _check_extra(dist: str, extra: str) -> list[str]:
+    """The requirements an installed package's extra adds; GPU extras are stood in without looking further."""
+    if extra in GPU_EXTRAS:
+        _say(f"{dist}[{extra}]: stood in: GPU-only")
+        return []
+    failures: list[str] = []
+    for line in metadata.requires(dist) or []:
+        req = Requirement(line)
+        if req.marker is not None and req.marker.evaluate({"extra": extra}) and not req.marker.evaluate({"extra": ""}):
+            req.marker = None
+            failures += _check_requirement(str(req))
+    return failures
