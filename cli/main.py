@@ -78,13 +78,7 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
         from verl_grpo.store import Store
 
         run_id = runs.new_run_id(cfg, Store.from_config(cfg.storage))
-    from flows.local_api import use_local_prefect
-
-    use_local_prefect()  # before Prefect is imported: it reads its settings then
-    from flows.verl_grpo import verl_grpo
-
-    summary = verl_grpo(config=list(configs), overrides=list(overrides), run_id=run_id)
-    _print_where_to_look(summary, cfg)
+    _print_where_to_look(_run_flow(configs, overrides, run_id), cfg)
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
@@ -220,27 +214,71 @@ def _stored_train_result(cfg, run_id: str):
 @click.option("--provider", type=click.Choice(["skypilot", "local"]), default="skypilot", show_default=True,
               help="Where to train; skypilot implies trainer.backend=verl.")
 @click.option("--dry-run", is_flag=True, help="Run every offline check, print the task YAML(s) and a cost estimate; launch nothing.")
+@click.option("--rehearse", is_flag=True,
+              help="Run the whole flow on a local rehearsal of the cloud: the rendered YAML runs on this machine "
+                   "(verl's trainer and vLLM stood in on the CPU); the last check before a real launch.")
+@click.option("--preempt-at", "preempt_at", type=click.IntRange(min=1), multiple=True, metavar="STEP",
+              help="With --rehearse: preempt the training nodes once the trainer logs STEP; repeatable.")
+@click.option("--fail-at", "fail_at", type=click.IntRange(min=1), default=None, metavar="STEP",
+              help="With --rehearse: the stand-in trainer fails once at STEP (user code), as a real bug would.")
 @click.option("--cluster", default=None, help="Run the next training round on this existing SkyPilot cluster (sky exec).")
 @_user_errors
-def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, dry_run: bool,
-           cluster: str | None) -> None:
+def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, dry_run: bool, rehearse: bool,
+           preempt_at: tuple[int, ...], fail_at: int | None, cluster: str | None) -> None:
     """Train on cloud GPUs with SkyPilot (verl backend); every check runs before anything is spent."""
     overrides = (*overrides, f"infra.provider={provider}", *([f"skypilot.cluster={cluster}"] if cluster else []))
     if provider == "skypilot":
         overrides = ("trainer.backend=verl", *overrides)
+    if (preempt_at or fail_at) and not rehearse:
+        raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
+    if rehearse and (provider != "skypilot" or dry_run):
+        raise ConfigError("--rehearse rehearses a SkyPilot launch: use it with --provider skypilot and without --dry-run")
     cfg = _load(configs, overrides)
+    if rehearse:
+        _rehearse(configs, overrides, cfg, preempt_at, fail_at)
+        return
     if provider == "skypilot":
         from verl_grpo.providers.skypilot.dry_run import dry_run as sky_dry_run
 
         click.echo(sky_dry_run(cfg).render())
     if dry_run:
         return
+    _print_where_to_look(_run_flow(configs, overrides), cfg)
+
+
+def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None = None) -> dict:
     from flows.local_api import use_local_prefect
 
     use_local_prefect()  # before Prefect is imported: it reads its settings then
     from flows.verl_grpo import verl_grpo
 
-    summary = verl_grpo(config=list(configs), overrides=list(overrides))
+    return verl_grpo(config=list(configs), overrides=list(overrides), run_id=run_id)
+
+
+def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt_at: tuple[int, ...],
+              fail_at: int | None) -> None:
+    """The real flow on the local rehearsal of SkyPilot; prints what it exercised, also when the run fails."""
+    from verl_grpo.providers.skypilot.dry_run import dry_run as sky_dry_run
+    from verl_grpo.rehearsal.report import rehearsal_report
+    from verl_grpo.rehearsal.session import rehearsal_session
+
+    with rehearsal_session(cfg, preempt_at, fail_at) as session:
+        overrides = (*overrides, *session.overrides)
+        cfg = _load(configs, overrides)
+        dry = sky_dry_run(cfg)  # fail-before-spend runs first, as for a real launch
+        click.echo("\n".join(["Dry run checks passed:", *(f"  - {c}" for c in dry.checks)]))
+        if cfg.skypilot.cluster:
+            from verl_grpo.rehearsal import sky_boundary
+
+            sky_boundary.create_cluster(cfg.skypilot.cluster)
+        summary, error = None, None
+        try:
+            summary = _run_flow(configs, overrides)
+        except Exception as e:  # the report says what ran before the failure; the error is re-raised below
+            error = e
+        click.echo(rehearsal_report(session, cfg, dry.costs, summary))
+    if error is not None:
+        raise error
     _print_where_to_look(summary, cfg)
 
 

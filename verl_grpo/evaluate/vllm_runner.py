@@ -36,6 +36,7 @@ from verl_grpo.evaluate.generation import (
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval
 from verl_grpo.layout import eval_report, eval_spec, eval_table
+from verl_grpo.rehearsal import ENV_ON_NODE
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.trainers.protocol import run_entry
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
@@ -172,14 +173,10 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
     return report
 
 
-REHEARSAL_ENV = "VERL_GRPO_REHEARSAL"
-"""Set to 1 on the nodes of a local rehearsal of the cloud (verl_grpo.rehearsal), where there is no GPU for vLLM."""
-
-
 def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:
     """vLLM on the task's GPUs; in a rehearsal transformers on the CPU instead (the only part stood in: planning,
     scoring, the table and the report are this entry point's own either way)."""
-    if os.environ.get(REHEARSAL_ENV) == "1":
+    if os.environ.get(ENV_ON_NODE) == "1":  # a node of the local rehearsal of the cloud: no GPU for vLLM
         print("rehearsal: vLLM stood in by transformers generate on the CPU (same prompts, scoring and report)",
               flush=True)
         return HFGenerator(model_dir, cfg.model.dtype, threads=cfg.eval.threads)

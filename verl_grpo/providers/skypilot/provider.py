@@ -25,8 +25,6 @@ from verl_grpo.store import Store, filesystem_for, strip_scheme
 log = logging.getLogger(__name__)
 
 NAME = "skypilot"
-REHEARSAL_DIR_ENV = "VERL_GRPO_REHEARSAL_DIR"
-"""Set (to the rehearsal's state dir), SkyPilot calls go to the local rehearsal of the cloud instead."""
 
 # Managed jobs: `sky.jobs.ManagedJobStatus` values. tests/integration/test_sky_status_enums.py checks that these
 # tables cover SkyPilot's enum exactly, so a status added upstream fails a test instead of a run.
@@ -49,7 +47,9 @@ _CLUSTER_JOB_SEP = "/"
 
 def _default_boundary(env: Mapping[str, str]) -> ModuleType:
     """SkyPilot itself, or its local rehearsal (verl_grpo.rehearsal) when VERL_GRPO_REHEARSAL_DIR is set."""
-    if env.get(REHEARSAL_DIR_ENV):
+    from verl_grpo.rehearsal import ENV_DIR
+
+    if env.get(ENV_DIR):
         from verl_grpo.rehearsal import sky_boundary
 
         return sky_boundary
