@@ -28,7 +28,8 @@ from verl_grpo.providers.skypilot import boundary, templates
 from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
 
 cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                       "infra.nodes=2", "infra.spot=true", "skypilot.shape=job_group", "storage.uri=s3://b/store"])
+                       "infra.nodes=2", "infra.spot=true", "skypilot.shape=job_group", "storage.uri=s3://b/store",
+                       "services.enabled=[reward]"])
 files = {"train": "/tmp/verl-grpo/d/train.parquet", "val": "/tmp/verl-grpo/d/val.parquet"}
 ov = verl_overrides(cfg, files, VerlPaths("/tmp/verl-grpo/checkpoints/slow"), "slow", env={})
 spec = TrainSpec(backend="verl", run_id="slow", command=["python", "-m", "verl.trainer.main_ppo", *ov],
@@ -41,7 +42,8 @@ out["server_start_s"] = time.perf_counter() - start
 try:
     start = time.perf_counter()
     try:
-        boundary.launch_managed(rendered.yaml, templates.job_name("slow"), {}, job_group=True)
+        boundary.launch_managed(rendered.yaml, templates.job_name("slow"), templates.launch_secrets(cfg, {}),
+                                job_group=True)
         out["error"] = None
     except BaseException as e:
         out["error"] = type(e).__name__

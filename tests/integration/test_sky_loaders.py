@@ -23,7 +23,7 @@ from verl_grpo.providers.skypilot.dry_run import dry_run
 base = ["dataset.name=gsm8k", "trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"]
 out = {}
 for name, extra in {
-    "multinode": [], "job_group": ["skypilot.shape=job_group", "infra.nodes=2"],
+    "multinode": [], "job_group": ["skypilot.shape=job_group", "infra.nodes=2", "services.enabled=[reward,retrieval]"],
     "rollout_group": ["skypilot.shape=rollout_group", "verl.rollout_engine=sglang"],
     "bad_accelerator": ["infra.accelerators=H10:8"], "bad_strategy": ["skypilot.recovery_strategy=BOGUS"],
     "spot_on_lambda": ["infra.spot=true", "skypilot.cloud=lambda"], "bad_key": ["skypilot.cloud=lambda",

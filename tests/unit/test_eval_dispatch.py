@@ -65,7 +65,8 @@ def test_eval_task_runs_the_vllm_runner_on_one_rollout_engines_gpus_with_store_s
     assert "sekret" not in rendered.yaml
     assert task["envs"]["VERL_GRPO_STORE_ENDPOINT"] == "http://minio:9000"
     assert task["run"].strip().splitlines()[-1] == f"python -m verl_grpo.evaluate.vllm_runner {SPEC_URI}"
-    assert "uv pip install --system --no-deps -e ." in task["setup"]
+    assert "uv pip install --no-deps -e ." in task["setup"] and "--system" not in task["setup"]
+    assert task["run"].splitlines()[1] == ". \"$VERL_GRPO_VENV/bin/activate\""
 
 
 def test_eval_packages_are_pinned_like_the_project_and_vllm_like_verl():

@@ -10,6 +10,7 @@ import yaml
 
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
+from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
@@ -19,10 +20,18 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
 
 
-def _render(shape: str, env: dict[str, str]) -> templates.RenderedTask:
-    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                           "infra.nodes=2", "infra.spot=true", f"skypilot.shape={shape}", "skypilot.cloud=aws",
-                           "storage.uri=s3://bucket/store"])
+SERVICES_ON = "services.enabled=[data,reward,retrieval]"
+
+
+def _cfg(shape: str, *extra: str):
+    services = [SERVICES_ON] if shape == "job_group" else []
+    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
+                            "infra.nodes=2", "infra.spot=true", f"skypilot.shape={shape}", "skypilot.cloud=aws",
+                            "storage.uri=s3://bucket/store", *services, *extra])
+
+
+def _render(shape: str, env: dict[str, str], *extra: str) -> templates.RenderedTask:
+    cfg = _cfg(shape, *extra)
     files = {"train": f"{MOUNT}/train.parquet", "val": f"{MOUNT}/val.parquet"}
     ov = verl_overrides(cfg, files, VerlPaths("/tmp/verl-grpo/checkpoints/run-1"), "run-1", env=env)
     spec = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", "verl.trainer.main_ppo", *ov],
@@ -48,8 +57,9 @@ def test_secrets_by_name_only_and_trainer_is_primary(shape):
     assert "sekret-123" not in rendered.yaml and "hf_abc" not in rendered.yaml
     docs = list(yaml.safe_load_all(rendered.yaml))
     tasks = docs[1:] if rendered.is_job_group else docs
+    token = {"VERL_GRPO_SERVICES_TOKEN": None} if rendered.is_job_group else {}
     for task in tasks:
-        assert task["secrets"] == {"WANDB_API_KEY": None, "HF_TOKEN": None}
+        assert task["secrets"] == {"WANDB_API_KEY": None, "HF_TOKEN": None, **token}
         assert not set(task["envs"]) & {"WANDB_API_KEY", "HF_TOKEN"}
     trainer = tasks[-1]
     assert trainer["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
@@ -65,7 +75,7 @@ def test_job_group_services_and_discovery():
     assert names == ["data-server", "reward-server", "retrieval-server", "verl-trainer"]
     assert "python -m verl_grpo.services.reward_server serve" in docs[2]["run"]
     assert 'http://reward-server-0.${SKYPILOT_JOBGROUP_NAME}:8200' in docs[-1]["run"]
-    assert "secrets" not in docs[-1]
+    assert docs[-1]["secrets"] == {"VERL_GRPO_SERVICES_TOKEN": None}
 
 
 def test_trainer_restores_before_and_finalizes_after_main_ppo():
@@ -83,3 +93,89 @@ def test_trainer_restores_before_and_finalizes_after_main_ppo():
 
 def test_job_name_is_sanitised():
     assert templates.job_name("gsm8k smollm2/2024") == "verl-grpo-gsm8k-smollm2-2024"
+
+
+
+# --- what the rendered YAML must get right on a real cluster --------------------------------------------------------
+
+def _docs(shape: str, env: dict[str, str] | None = None, *extra: str) -> list[dict]:
+    rendered = _render(shape, env or {}, *extra)
+    docs = list(yaml.safe_load_all(rendered.yaml))
+    return docs[1:] if rendered.is_job_group else docs
+
+
+@pytest.mark.parametrize("shape", ["job_group", "rollout_group"])
+def test_service_shapes_declare_the_services_token_and_the_provider_can_supply_it(shape):
+    tasks = _docs(shape)
+    assert all(t["secrets"] == {"VERL_GRPO_SERVICES_TOKEN": None} for t in tasks)
+    cfg = _cfg(shape)
+    fresh = templates.services_token_secret(cfg, {})
+    assert set(fresh) == {"VERL_GRPO_SERVICES_TOKEN"} and len(fresh["VERL_GRPO_SERVICES_TOKEN"]) >= 40
+    assert fresh != templates.services_token_secret(cfg, {})
+    assert templates.services_token_secret(cfg, {"VERL_GRPO_SERVICES_TOKEN": "mine"}) == {"VERL_GRPO_SERVICES_TOKEN": "mine"}
+    secrets = templates.launch_secrets(cfg, {"WANDB_API_KEY": "w"})
+    assert secrets.keys() == {"WANDB_API_KEY", "VERL_GRPO_SERVICES_TOKEN"}
+    assert "mine" not in _render(shape, {"VERL_GRPO_SERVICES_TOKEN": "mine"}).yaml
+
+
+def test_multinode_needs_no_services_token():
+    assert templates.services_token_secret(_cfg("multinode"), {}) == {}
+    assert "secrets" not in _docs("multinode")[0]
+
+
+@pytest.mark.parametrize("shape", ["job_group", "rollout_group"])
+def test_servers_bind_the_node_ip_not_every_interface(shape):
+    for task in _docs(shape):
+        run = task["run"]
+        assert "0.0.0.0" not in run
+        if task["name"] != "verl-trainer":
+            assert templates.NODE_IP_LINE in run and '--host "$NODE_IP"' in run
+    trainer = _docs(shape)[-1]["run"]
+    assert '--dashboard-host="$NODE_IP"' in trainer
+    assert trainer.count('--node-ip-address="$NODE_IP"') == 2  # head and workers
+
+
+def test_job_group_runs_only_enabled_services_with_their_settings():
+    tasks = _docs("job_group", {}, "services.enabled=[reward]", "services.reward.max_items=77",
+                  "services.reward.reward_model=/m/rm")
+    assert [t["name"] for t in tasks] == ["reward-server", "verl-trainer"]
+    run = tasks[0]["run"]
+    assert "--max-items 77" in run and "--reward-model /m/rm" in run
+    assert "--token-env VERL_GRPO_SERVICES_TOKEN" in run
+    assert "RETRIEVAL" not in tasks[-1]["run"] and "DATA_SERVER" not in tasks[-1]["run"]
+
+
+def test_job_group_without_services_is_a_one_line_config_error():
+    with pytest.raises(ConfigError, match=r"services\.enabled.*empty.*services\.enabled=\[") as e:
+        _render("job_group", {}, "services.enabled=[]")
+    assert "\n" not in str(e.value)
+
+
+def test_retrieval_server_reads_its_corpus_from_the_store():
+    run = next(t for t in _docs("job_group") if t["name"] == "retrieval-server")["run"]
+    assert "shared/data" not in run and "--store-uri s3://bucket/store" in run and "--index squad-dev" in run
+    assert "--corpus s3://bucket/store/services/retrieval-server/corpus/squad-dev.json" in run
+
+
+def test_head_waits_for_nodes_against_its_own_ray_and_gives_up():
+    run = _docs("multinode")[0]["run"]
+    assert 'ray list nodes --address="$HEAD_IP:6379"' in run
+    assert f"WAIT_UNTIL=$((SECONDS + {templates.NODE_WAIT_S}))" in run
+    assert "nodes joined the Ray cluster" in run and "exit 1" in run
+
+
+@pytest.mark.parametrize("shape", ["multinode", "job_group", "rollout_group"])
+def test_every_task_installs_into_and_runs_in_a_venv_of_the_required_python(shape):
+    assert templates.python_version() == "3.11"
+    for task in _docs(shape):
+        assert task["envs"]["VERL_GRPO_VENV"] == "/tmp/verl-grpo/venv"
+        setup = task["setup"]
+        assert 'uv venv --allow-existing --seed --python 3.11 "$VERL_GRPO_VENV"' in setup
+        assert "--system" not in setup
+        assert setup.index('. "$VERL_GRPO_VENV/bin/activate"') < setup.index("uv pip install")
+        assert task["run"].splitlines()[1] == '. "$VERL_GRPO_VENV/bin/activate"'
+
+
+def test_python_version_follows_requires_python(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.12,<3.14"\n')
+    assert templates.python_version(tmp_path / "pyproject.toml") == "3.12"

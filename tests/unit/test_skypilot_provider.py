@@ -217,10 +217,14 @@ def test_no_cloud_access_at_launch_is_an_infra_error_with_sky_check_advice():
 def test_job_group_shape_launches_a_group_with_service_endpoints():
     sky = FakeSky()
     provider = PerCall(sky)
-    cluster = provider.up(_cfg(**{"skypilot.shape": "job_group"}), "run-1")
+    cluster = provider.up(_cfg(**{"skypilot.shape": "job_group", "services.enabled": "[reward]"}), "run-1")
     assert cluster.endpoints["reward-server"] == "http://reward-server-0.verl-grpo-run-1:8200"
     provider.submit(cluster, SPEC)
-    assert sky.launched[0][3] is True
+    yaml_str, _, secrets, group = sky.launched[0]
+    # No token in the caller's environment: one is generated for the job's services, passed as a secret only.
+    token = secrets["VERL_GRPO_SERVICES_TOKEN"]
+    assert group is True and len(token) >= 32 and token not in yaml_str
+    PerCall(FakeSky(), env={"VERL_GRPO_SERVICES_TOKEN": "tok-1"}).submit(cluster, SPEC)  # the caller's own token
 
 
 class FakeCluster(FakeSky):

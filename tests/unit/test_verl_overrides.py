@@ -110,3 +110,13 @@ def test_services_switch_reward_and_tools():
     assert "actor_rollout_ref.rollout.multi_turn.enable=True" in out
     plain = load_config(["gsm8k"], ["trainer.backend=verl", "infra.accelerators=H100:8"], env={})
     assert run_paths(plain, "/ckpt") == VerlPaths(checkpoint_dir="/ckpt")
+
+
+def test_project_name_is_the_wandb_project_wandb_accepts():
+    """verl passes trainer.project_name to wandb.init(project=...), whose validator rejects `/`."""
+    from wandb.sdk.wandb_settings import Settings
+
+    cfg = _cfg("dataset.name=gsm8k")
+    project = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={"WANDB_API_KEY": "k"}))["trainer.project_name"]
+    assert project == cfg.wandb_project == "verl-grpo-gsm8k"
+    assert Settings(project=project).project == project

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
@@ -386,6 +387,13 @@ class RunConfig(_Section):
     @property
     def experiment_name(self) -> str:
         return self.tracking.experiment or f"verl-grpo/{self.dataset.name}"
+
+    @property
+    def wandb_project(self) -> str:
+        """The W&B project of this run's curves: `verl-grpo-<dataset>`, for verl's own W&B logger
+        (trainer.project_name) and the pipeline's mirror alike. W&B rejects `/\\#?%:` in project names, so
+        this is never `experiment_name` (`verl-grpo/<dataset>`)."""
+        return re.sub(r"[/\\#?%:]+", "-", f"verl-grpo-{self.dataset.name}")[:128]
 
     @property
     def registered_model_name(self) -> str:

@@ -31,7 +31,7 @@ def mirror_to_wandb(cfg: RunConfig, run_id: str, metrics_lines: Iterable[str], s
         return None
     import wandb
 
-    run = wandb.init(project=f"verl-grpo-{cfg.dataset.name}", id=run_id, name=run_id, resume="allow",
+    run = wandb.init(project=cfg.wandb_project, id=run_id, name=run_id, resume="allow",
                      config=cfg.params(), reinit="finish_previous")
     try:
         for line in metrics_lines:

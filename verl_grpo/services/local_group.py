@@ -29,6 +29,7 @@ from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.procs import pid_alive, runs_command, stop_process_groups
 from verl_grpo.retry import Backoff
 from verl_grpo.services import SERVICES, token_file_env
+from verl_grpo.services.commands import service_settings_args
 from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
 
 logger = logging.getLogger(__name__)
@@ -56,28 +57,8 @@ class ServiceGroup:
 
 def service_command(name: str, cfg: RunConfig, port: int, run_id: str, dataset_uri: str | None = None) -> list[str]:
     """The `serve` command of service `name` with the run's settings (no secrets on it)."""
-    spec = SERVICES[name]
-    s = cfg.services
-    cmd = [sys.executable, "-m", spec.module, "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--token-env", s.token_env, "--max-body-bytes", str(s.max_body_bytes), "--exit-with-parent"]
-    store = ["--store-uri", cfg.storage.uri] + (["--store-endpoint", cfg.storage.endpoint_url]
-                                                 if cfg.storage.endpoint_url else [])
-    if name == "data":
-        cmd += store + ["--run-id", run_id, "--seed", str(s.data.seed), "--max-batch", str(s.data.max_batch)]
-        cmd += ["--dataset-uri", dataset_uri] if dataset_uri else ["--dataset", cfg.dataset.name]
-    elif name == "reward":
-        cmd += ["--max-items", str(s.reward.max_items), "--model-batch-size", str(s.reward.model_batch_size)]
-        cmd += ["--reward-model", s.reward.reward_model] if s.reward.reward_model else []
-    elif name == "retrieval":
-        r = s.retrieval
-        cmd += store + ["--index", r.index, "--kind", r.index_kind, "--default-top-k", str(r.default_top_k),
-                        "--max-top-k", str(r.max_top_k), "--max-queries", str(r.max_queries)]
-        cmd += ["--corpus", r.corpus] if r.corpus else []
-    elif name == "replay":
-        p = s.replay
-        cmd += store + ["--run-id", run_id, "--capacity", str(p.capacity), "--alpha", str(p.alpha),
-                        "--compact-every", str(p.compact_every)]
-    return cmd
+    return [sys.executable, "-m", SERVICES[name].module, "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--exit-with-parent", *service_settings_args(name, cfg, run_id, dataset_uri)]
 
 
 def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, dataset_uri: str | None = None) -> ServiceGroup | None:

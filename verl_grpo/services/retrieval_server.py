@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import click
 from fastapi import APIRouter, Depends
@@ -37,7 +39,8 @@ from verl_grpo.services.retrieval_index import (
     sample_questions,
 )
 from verl_grpo.services.state import open_store
-from verl_grpo.store import Store
+from verl_grpo.errors import DataError
+from verl_grpo.store import Store, filesystem_for, strip_scheme
 
 logger = logging.getLogger(__name__)
 SPEC = SERVICES["retrieval"]
@@ -103,10 +106,21 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
 
 def ensure_index(store: Store, name: str, corpus: str | None, kind: str, embedder: Embedder,
                  limit: int | None = None) -> RetrievalIndex:
-    """The index `name` from the store, built from `corpus` first when it is not there."""
+    """The index `name` from the store, built from `corpus` first when it is not there. `corpus` is a local
+    path or a file:// / s3:// URI (a job-group node has no data mirror: it reads the corpus from the store)."""
     if index_exists(store, name):
         return load_index(store, name)
-    passages, _ = load_squad(corpus, limit)
+    if corpus and "://" in corpus:
+        with tempfile.TemporaryDirectory(prefix="verl-grpo-corpus-") as tmp:
+            local = Path(tmp) / "corpus.json"
+            try:
+                filesystem_for(corpus, store.endpoint_url).get_file(strip_scheme(corpus), str(local))
+            except FileNotFoundError:
+                raise DataError(f"corpus {corpus} not found in the store; upload it with "
+                                "verl_grpo.services.commands.publish_retrieval_corpus before launch") from None
+            passages, _ = load_squad(local, limit)
+    else:
+        passages, _ = load_squad(corpus, limit)
     logger.info("index %s not in %s: embedding %d passages", name, store.uri, len(passages))
     with tqdm(total=len(passages), desc=f"embedding {name}", unit="passage", file=sys.stderr) as bar:
         return build_index(store, name, passages, embedder, kind, corpus=str(corpus or "squad dev"), progress=bar)
@@ -121,7 +135,7 @@ def _index_options(fn):
     fn = click.option("--store-endpoint", default=None, help="S3 endpoint (default: $VERL_GRPO_STORE_ENDPOINT).")(fn)
     fn = click.option("--store-uri", default=None, help="Store root (default: $VERL_GRPO_STORE_URI, else the local store).")(fn)
     fn = click.option("--kind", type=click.Choice(["hnsw", "flat"]), default="hnsw", show_default=True)(fn)
-    fn = click.option("--corpus", default=None, help="SQuAD-format JSON (default: <data mirror>/squad/dev-v1.1.json).")(fn)
+    fn = click.option("--corpus", default=None, help="SQuAD-format JSON, a path or a file:// / s3:// URI (default: <data mirror>/squad/dev-v1.1.json).")(fn)
     fn = click.option("--index", "index_name", default="squad-dev", show_default=True, envvar="VERL_GRPO_RETRIEVAL_INDEX",
                       help="Index name in the store (retrieval/<name>/).")(fn)
     return fn

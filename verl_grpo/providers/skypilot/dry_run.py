@@ -2,13 +2,15 @@
 
 Checks, each with the tool's own message on failure (ConfigError): verl overrides against verl's Hydra
 config + validate_config, the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery
-strategy against SkyPilot's registry, and the accelerators of both against SkyPilot's catalog (local copy,
-`~/.sky/catalogs/v8`).
+strategy against SkyPilot's registry, the accelerators of both against SkyPilot's catalog (local copy,
+`~/.sky/catalogs/v8`), and a lower-bound GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local
+rehearsal cannot reproduce).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Mapping
@@ -25,8 +27,17 @@ from verl_grpo.paths import data_mirror_dir
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
+from verl_grpo.trainers.verl.overrides import cluster_model_path, gpus_per_node
 
 DRY_RUN_ID = "dry-run"
+GPU_MEMORY_GIB = {"H100": 80, "H100-MEGA": 80, "H200": 141, "B200": 180, "GH200": 96, "A100": 40, "A100-80GB": 80,
+                  "L40S": 48, "L40": 48, "L4": 24, "A10G": 24, "A10": 24, "A6000": 48, "V100": 16, "V100-32GB": 32,
+                  "T4": 16}
+"""GiB of memory per GPU, by SkyPilot accelerator name (those not listed skip the memory check)."""
+TRAIN_BYTES_PER_PARAM = 16
+"""FSDP full fine-tuning: fp32 weights (4) + fp32 grads (4) + Adam moments (8), sharded over every GPU."""
+FROZEN_BYTES_PER_PARAM = 2
+"""A frozen bf16 copy: the LoRA base weights, or the reference model when a KL term is on."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
                          f"({', '.join(sorted({c.cloud for c in report.costs}))})")
     report.checks += check_eval_task(cfg, boundary, env, report.yamls)
+    report.checks.append(check_gpu_memory(cfg))
     report.seconds = time.perf_counter() - start
     return report
 
@@ -124,6 +136,51 @@ def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str]
     clouds_offering = ", ".join(sorted({o.cloud for o in offers}))
     return [f"SkyPilot loads the eval YAML ({_describe(loaded)})",
             f"eval accelerators {accelerators} exist in the SkyPilot catalog ({clouds_offering})"]
+
+
+def model_params(name: str) -> float | None:
+    """Parameters of a model from the size in its name (`…-135M-…` → 1.35e8, `…-0.5B…` → 5e8); None if unnamed."""
+    m = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)([MB])(?![a-z])", name, re.IGNORECASE)
+    return float(m.group(1)) * (1e6 if m.group(2).upper() == "M" else 1e9) if m else None
+
+
+def check_gpu_memory(cfg: RunConfig) -> str:
+    """GPU memory of the verl run per GPU, a simple estimate (activations and fragmentation not counted; the
+    rollout engine is colocated with training, so its reserved share is counted on top of the training state).
+
+    Training state: params × 16 B (FSDP full fine-tuning: fp32 weights, grads, Adam) sharded over nodes × GPUs per
+    node, or params × 2 B (frozen bf16 base) with LoRA, plus params × 2 B for the reference model when a KL term is
+    on. vLLM/SGLang reserve verl.gpu_memory_utilization of each GPU, and must hold the bf16 weights
+    (params × 2 B / verl.rollout_tp) inside that share. ConfigError in one line naming the fields to change when
+    either does not fit; a check line otherwise (or saying why it was skipped)."""
+    gpu = (cfg.infra.accelerators or "").partition(":")[0]
+    total = GPU_MEMORY_GIB.get(gpu.upper())
+    model = cluster_model_path(cfg.model.name)
+    params = model_params(model)
+    if total is None or params is None:
+        what = f"GPU memory of {gpu!r}" if total is None else f"parameter count of {model!r}"
+        return f"GPU memory check skipped: {what} unknown"
+    gib = 1 << 30
+    gpus = cfg.infra.nodes * gpus_per_node(cfg)
+    per_param = FROZEN_BYTES_PER_PARAM if cfg.verl.lora_rank else TRAIN_BYTES_PER_PARAM
+    per_param += FROZEN_BYTES_PER_PARAM if cfg.algorithm.kl_coef > 0 else 0
+    train = params * per_param / gpus / gib
+    util = cfg.verl.gpu_memory_utilization
+    rollout = util * total
+    if train + rollout > total:
+        raise ConfigError(
+            f"GPU memory: {model} ({params / 1e9:.2f}B params) needs >= {train:.1f} GiB of training state per GPU "
+            f"({per_param} B/param over {gpus} GPUs) + {rollout:.1f} GiB rollout share (verl.gpu_memory_utilization="
+            f"{util}) > {total} GiB of {gpu}; raise infra.nodes or the GPU count of infra.accelerators, lower "
+            f"verl.gpu_memory_utilization, or set verl.lora_rank")
+    weights = params * FROZEN_BYTES_PER_PARAM / cfg.verl.rollout_tp / gib
+    if weights >= rollout:
+        raise ConfigError(
+            f"GPU memory: the rollout engine's {weights:.1f} GiB of {model} weights per GPU do not fit in its "
+            f"{rollout:.1f} GiB share (verl.gpu_memory_utilization={util} of {total} GiB {gpu}); raise "
+            f"verl.rollout_tp or verl.gpu_memory_utilization")
+    return (f"GPU memory fits (lower bound): {train:.1f} GiB training state + {rollout:.1f} GiB rollout share of "
+            f"{total} GiB per {gpu}")
 
 
 def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> list[CostLine]:

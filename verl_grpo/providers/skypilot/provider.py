@@ -89,7 +89,7 @@ class SkyPilotProvider:
         name = templates.job_name(run_id)
         endpoints = {}
         if cfg.skypilot.shape == "job_group":
-            endpoints = {s.task: f"http://{s.task}-0.{name}:{s.port}" for s in templates.JOB_GROUP_SERVICES}
+            endpoints = {s.task: f"http://{s.task}-0.{name}:{s.port}" for s in templates.job_group_services(cfg)}
         return Cluster(provider=NAME, name=name, workdir=templates.REMOTE_WORKDIR, endpoints=endpoints,
                        run_id=run_id, config_uri=config_uri, store_endpoint=cfg.storage.endpoint_url)
 
@@ -167,7 +167,7 @@ class SkyPilotProvider:
         if live is not None:
             return Job(provider=NAME, id=str(live.job_id), name=name)
         rendered = render()
-        secrets = {k: self.env[k] for k in rendered_secret_names(rendered.yaml)}
+        secrets = _secrets_for(rendered, cfg, self.env)
         try:
             job_id = self.sky.launch_managed(rendered.yaml, name, secrets, rendered.is_job_group)
         except Exception as e:  # SkyPilot raises many types; classify, never swallow.
@@ -188,7 +188,7 @@ class SkyPilotProvider:
         if live:
             return Job(provider=NAME, id=f"{cluster}{_CLUSTER_JOB_SEP}{max(r.job_id for r in live)}", name=name)
         rendered = render()
-        secrets = {k: self.env[k] for k in rendered_secret_names(rendered.yaml)}
+        secrets = _secrets_for(rendered, cfg, self.env)
         try:
             job_id = self.sky.exec_on_cluster(cluster, rendered.yaml, secrets)
         except Exception as e:  # SkyPilot raises many types; classify, never swallow.
@@ -245,6 +245,12 @@ def _require_remote_store(cfg: RunConfig) -> None:
                           "task writes checkpoints, the model and train_result.json to the store, the eval task "
                           "reads the model and writes its report there. Set storage.uri "
                           "to s3://bucket/prefix (and storage.endpoint_url for MinIO/R2)")
+
+
+def _secrets_for(rendered: templates.RenderedTask, cfg: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """The values of exactly the secrets the rendered YAML declares (the services' token generated when unset)."""
+    values = templates.launch_secrets(cfg, env)
+    return {k: values[k] for k in rendered_secret_names(rendered.yaml)}
 
 
 def rendered_secret_names(yaml_text: str) -> list[str]:

@@ -2,24 +2,34 @@
 
 Three training shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
 `rollout_group` (rollout servers + router + replay buffer + trainer); and the held-out eval task (vLLM on GPUs,
-`render_eval`). Secrets are listed by name under `secrets:` only; their values are passed at launch and never rendered.
+`render_eval`). Secrets are listed by name under `secrets:` only; their values are passed at launch and never rendered
+(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included).
+
+Every task installs into one uv venv (`$VERL_GRPO_VENV`, Python per pyproject.toml's requires-python) and runs in it.
+Services, rollout servers and Ray bind the node's own IP (`$NODE_IP`, this node's line of `$SKYPILOT_NODE_IPS`):
+job-group peers reach a task at `<task>-0.<group>`, which SkyPilot resolves to that IP.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
 from verl_grpo.services import SERVICES, ServiceSpec
+from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
 from verl_grpo.trainers.verl.backend import (
     DATASET_MOUNT_ENV,
@@ -34,10 +44,19 @@ REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
 RAY_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
+NODE_WAIT_S = 600
+"""How long the head waits for every node to join its Ray cluster before the job fails."""
 TRAINER_TASK = "verl-trainer"
+VENV_ENV = "VERL_GRPO_VENV"
+REMOTE_VENV = f"{REMOTE_WORKDIR}/venv"
+"""The uv venv every task installs into and runs in (`$VERL_GRPO_VENV`)."""
+DEFAULT_PYTHON = "3.11"
+"""The nodes' Python when pyproject.toml cannot be read."""
+NODE_IP_LINE = 'NODE_IP=$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK+1))p")'
+"""Shell line setting $NODE_IP to this node's own IP (127.0.0.1 in a local rehearsal)."""
 
 JOB_GROUP_SERVICES: tuple[ServiceSpec, ...] = tuple(SERVICES[name] for name in ("data", "reward", "retrieval"))
-"""The job_group shape's auxiliary tasks, each `python -m MODULE serve --port PORT`."""
+"""The job_group shape's default auxiliary tasks; what a run renders is `job_group_services(cfg)`."""
 REPLAY_BUFFER = SERVICES["replay"]
 """The rollout_group shape's replay-buffer task."""
 ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
@@ -92,6 +111,68 @@ def secret_names(env: Mapping[str, str]) -> list[str]:
     return [k for k in SECRET_ENV_VARS if env.get(k)]
 
 
+def runs_services(cfg: RunConfig) -> bool:
+    """Whether the shape starts services that require the bearer token (job group: the enabled services;
+    rollout group: the replay buffer)."""
+    return cfg.skypilot.shape in ("job_group", "rollout_group")
+
+
+def services_token_secret(cfg: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """{services.token_env: token} for a shape that runs services, else {}: the caller's token when `env` has one,
+    else a fresh `secrets.token_urlsafe(32)`. Every task of the group gets it as a secret (servers require it,
+    the trainer's clients send it); call once per launch and pass it with the other secrets."""
+    if not runs_services(cfg):
+        return {}
+    name = cfg.services.token_env
+    return {name: env.get(name) or secrets.token_urlsafe(32)}
+
+
+def launch_secrets(cfg: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """Every secret value the rendered YAML names: those of `secret_names(env)` and the services' token."""
+    return {**{k: env[k] for k in secret_names(env)}, **services_token_secret(cfg, env)}
+
+
+def job_group_services(cfg: RunConfig) -> tuple[ServiceSpec, ...]:
+    """The services the job_group shape runs: exactly services.enabled (verl reads its data from the parquet
+    files, so the data-server too only when enabled). ConfigError when none is enabled."""
+    if not cfg.services.enabled:
+        raise ConfigError("skypilot.shape=job_group runs the services in services.enabled, which is empty; set "
+                          "e.g. services.enabled=[reward,retrieval] (of data, reward, retrieval, replay) or use "
+                          "skypilot.shape=multinode")
+    return tuple(spec for name, spec in SERVICES.items() if name in cfg.services.enabled)
+
+
+def python_version(pyproject: Path | None = None) -> str:
+    """The nodes' Python (`X.Y`): the lowest 3.x that pyproject.toml's requires-python allows."""
+    path = pyproject or (repo_root() or Path.cwd()) / "pyproject.toml"
+    try:
+        spec = SpecifierSet(tomllib.loads(path.read_text())["project"]["requires-python"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError, InvalidSpecifier):
+        return DEFAULT_PYTHON
+    for minor in range(8, 30):
+        if Version(f"3.{minor}") in spec:
+            return f"3.{minor}"
+    raise ConfigError(f"requires-python {str(spec)!r} in {path} allows no Python 3.8..3.29; fix pyproject.toml")
+
+
+def venv_setup(packages: list[str] | tuple[str, ...]) -> list[str]:
+    """Setup lines: a uv venv at $VERL_GRPO_VENV with the Python pyproject.toml requires, `packages` and
+    verl-grpo itself (--no-deps) installed into it."""
+    return [
+        f"mkdir -p {REMOTE_WORKDIR}",
+        "python3 -m pip install --quiet --upgrade uv",
+        f'uv venv --allow-existing --seed --python {python_version()} "${VENV_ENV}"',
+        f'. "${VENV_ENV}/bin/activate"',
+        f"uv pip install {shlex.join(packages)}",
+        "uv pip install --no-deps -e .",
+    ]
+
+
+def _bound(before: list[str], after: list[str]) -> str:
+    """`before --host "$NODE_IP" after`: a server bound to this node's IP (quoted args, the variable expanded)."""
+    return f'{shlex.join(before)} --host "$NODE_IP" {shlex.join(after)}'
+
+
 def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None = None) -> RenderedTask:
     """The SkyPilot YAML for this run in the shape cfg.skypilot.shape selects."""
     ctx = _base_context(cfg, spec, env, workdir)
@@ -99,13 +180,14 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
     if shape == "multinode":
         return RenderedTask(ctx["name"], shape, _render("verl-multinode.yaml.j2", ctx))
     if shape == "job_group":
+        services = job_group_services(cfg)
         ctx["services"] = [
             {"name": s.task, "cpus": "4+", "port": s.port,
-             "command": shlex.join(["python", "-m", s.module, "serve", "--host", "0.0.0.0", "--port", str(s.port),
-                                    *service_args(s.task, spec)])}
-            for s in JOB_GROUP_SERVICES
+             "command": _bound(["python", "-m", s.module, "serve"], ["--port", str(s.port),
+                                                                      *service_args(s.name, cfg, spec)])}
+            for s in services
         ]
-        ctx["exports"] = [_export_url(s.task, s.port, s.url_env) for s in JOB_GROUP_SERVICES]
+        ctx["exports"] = [_export_url(s.task, s.port, s.url_env) for s in services]
         return RenderedTask(ctx["name"], shape, _render("job-group.yaml.j2", ctx))
     return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", _rollout_context(cfg, spec, ctx)))
 
@@ -140,7 +222,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
     """The SkyPilot task running `python -m verl_grpo.evaluate.vllm_runner SPEC_URI` for this run's held-out eval."""
     sp = cfg.skypilot
     accelerators, _ = eval_accelerators(cfg)
-    envs = {ENV_RUN_ID: run_id, ENV_STORE_URI: cfg.storage.uri}
+    envs = {ENV_RUN_ID: run_id, ENV_STORE_URI: cfg.storage.uri, VENV_ENV: REMOTE_VENV}
     if cfg.storage.endpoint_url:
         envs[ENV_STORE_ENDPOINT] = cfg.storage.endpoint_url
         envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
@@ -158,21 +240,18 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "file_mounts": {},
         "envs": dict(sorted(envs.items())),
         "secrets": [k for k in EVAL_SECRET_ENV_VARS if env.get(k)],
-        "setup": [
-            "python3 -m pip install --quiet --upgrade uv",
-            f"uv pip install --system {shlex.join(EVAL_PACKAGES)}",
-            "uv pip install --system --no-deps -e .",
-        ],
+        "setup": venv_setup(EVAL_PACKAGES),
         "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
     }
     return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))
 
 
-def service_args(name: str, spec: TrainSpec) -> list[str]:
-    """The data-server serves exactly the dataset version being trained (read from the store)."""
-    if name == "data-server" and spec.env.get(DATASET_URI_ENV):
-        return ["--dataset-uri", spec.env[DATASET_URI_ENV]]
-    return []
+def service_args(name: str, cfg: RunConfig, spec: TrainSpec) -> list[str]:
+    """The settings of service `name` (services.*) as `serve` arguments: the data-server serves exactly the
+    dataset version being trained, the retrieval-server builds a missing index from the corpus in the store
+    (`publish_retrieval_corpus` uploads it before launch)."""
+    corpus = retrieval_corpus_uri(cfg) if name == "retrieval" else None
+    return service_settings_args(name, cfg, spec.run_id, spec.env.get(DATASET_URI_ENV), corpus)
 
 
 def cluster_packages(cfg: RunConfig, engine: str) -> list[str]:
@@ -188,6 +267,7 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
     envs = {k: v for k, v in spec.env.items() if k not in (DATASET_URI_ENV, DATASET_MOUNT_ENV)}
     envs["VERL_GRPO_RUN_ID"] = spec.run_id
+    envs[VENV_ENV] = REMOTE_VENV
     if cfg.storage.endpoint_url:
         envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
     mounts = {}
@@ -210,13 +290,9 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "workdir": workdir or str(repo_root() or Path.cwd()),
         "file_mounts": mounts,
         "envs": dict(sorted(envs.items())),
-        "secrets": secret_names(env),
-        "setup": [
-            "python3 -m pip install --quiet --upgrade uv",
-            f"uv pip install --system {shlex.join(cluster_packages(cfg, engine))}",
-            "uv pip install --system --no-deps -e .",
-            f"mkdir -p {REMOTE_WORKDIR}",
-        ],
+        # The token's value is never rendered: services_token_secret gives it at launch.
+        "secrets": list(dict.fromkeys(secret_names(env) + ([cfg.services.token_env] if runs_services(cfg) else []))),
+        "setup": venv_setup(cluster_packages(cfg, engine)),
         "exports": [],
         "train_command": shlex.join(spec.command),
         "restore_command": shlex.join(restore_command(spec.env)),
@@ -224,6 +300,8 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "trainer_task": TRAINER_TASK,
         "ray_port": RAY_PORT,
         "dashboard_port": RAY_DASHBOARD_PORT,
+        "node_ip_line": NODE_IP_LINE,
+        "node_wait_s": NODE_WAIT_S,
     }
 
 
@@ -234,13 +312,13 @@ def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
     servers = []
     for i in range(cfg.skypilot.rollout_servers):
         if engine == "sglang":
-            cmd = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0",
-                   "--port", str(port), "--tp", str(cfg.verl.rollout_tp)]
+            cmd = _bound(["python", "-m", "sglang.launch_server", "--model-path", model],
+                         ["--port", str(port), "--tp", str(cfg.verl.rollout_tp)])
         else:
-            cmd = ["vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
-                   "--tensor-parallel-size", str(cfg.verl.rollout_tp),
-                   "--gpu-memory-utilization", str(cfg.verl.gpu_memory_utilization)]
-        servers.append({"name": f"rollout-{i}", "command": shlex.join(cmd)})
+            cmd = _bound(["vllm", "serve", model], ["--port", str(port),
+                                                    "--tensor-parallel-size", str(cfg.verl.rollout_tp),
+                                                    "--gpu-memory-utilization", str(cfg.verl.gpu_memory_utilization)])
+        servers.append({"name": f"rollout-{i}", "command": cmd})
     workers = " ".join(f"http://rollout-{i}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}" for i in range(len(servers)))
     router = "python -m sglang_router.launch_router" if engine == "sglang" else "vllm-router"
     ctx.update(
@@ -249,10 +327,11 @@ def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
         rollout_port=port,
         service_accelerators=cfg.skypilot.service_accelerators or cfg.infra.accelerators,
         router_port=ROUTER_PORT,
-        router_command=f"{router} --host 0.0.0.0 --port {ROUTER_PORT} --worker-urls {workers}",
+        router_command=f'{router} --host "$NODE_IP" --port {ROUTER_PORT} --worker-urls {workers}',
         replay_port=REPLAY_BUFFER.port,
-        replay_command=shlex.join(["python", "-m", REPLAY_BUFFER.module, "serve", "--host", "0.0.0.0", "--port",
-                                   str(REPLAY_BUFFER.port)]),
+        replay_command=_bound(["python", "-m", REPLAY_BUFFER.module, "serve"],
+                              ["--port", str(REPLAY_BUFFER.port),
+                               *service_settings_args(REPLAY_BUFFER.name, cfg, spec.run_id)]),
         exports=[_export_url("router", ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
                  _export_url(REPLAY_BUFFER.task, REPLAY_BUFFER.port, REPLAY_BUFFER.url_env)],
     )

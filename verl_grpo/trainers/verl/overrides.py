@@ -128,7 +128,7 @@ def verl_overrides(
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"reward.custom_reward_function.path={paths.reward_path}",
         f"reward.custom_reward_function.name={paths.reward_name}",
-        f"trainer.project_name={cfg.experiment_name}",
+        f"trainer.project_name={cfg.wandb_project}",
         f"trainer.experiment_name={run_id}",
         f"trainer.logger=[{','.join(trackers(env))}]",
         f"trainer.nnodes={cfg.infra.nodes}",
