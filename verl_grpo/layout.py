@@ -41,6 +41,12 @@ def dataset_dir(name: str, digest: str) -> str:
     return f"{DATASETS}/{name}/{digest}"
 
 
+def published_model_dir(name: str, digest: str) -> str:
+    """A model that exists only on the launching machine (tiny, a local directory), shipped to a cluster through
+    the store; content-addressed, so the same files are uploaded once."""
+    return f"models/{name}/{digest}"
+
+
 def dataset_versions(name: str) -> str:
     """The directory holding every prepared version (one per content hash) of a dataset."""
     return f"{DATASETS}/{name}"

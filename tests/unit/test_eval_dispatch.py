@@ -122,7 +122,7 @@ def on_s3(s3_bucket, tiny_model_dir, tmp_path, monkeypatch):
 
 
 def _use(monkeypatch, sky):
-    monkeypatch.setattr(sky_provider, "_default_boundary", lambda: sky)
+    monkeypatch.setattr(sky_provider, "_default_boundary", lambda env: sky)
 
 
 @pytest.mark.usefixtures("fake_vllm")

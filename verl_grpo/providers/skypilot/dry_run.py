@@ -88,7 +88,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     provider = SkyPilotProvider(boundary=boundary, env=env)
     cluster = provider.up(cfg, DRY_RUN_ID)
     store = Store.from_config(cfg.storage)
-    trainer = VerlTrainer(check_reward=check_reward)
+    trainer = VerlTrainer(check_reward=check_reward, ship_models=False)
     spec = trainer.plan(cfg, _planned_dataset(cfg, store), store, DRY_RUN_ID, cluster)
     report = DryRunReport(yamls={})
     report.checks += trainer.last_validation.checks if trainer.last_validation else []
@@ -155,7 +155,7 @@ def check_gpu_memory(cfg: RunConfig) -> str:
     either does not fit; a check line otherwise (or saying why it was skipped)."""
     gpu = (cfg.infra.accelerators or "").partition(":")[0]
     total = GPU_MEMORY_GIB.get(gpu.upper())
-    model = cluster_model_path(cfg.model.name)
+    model = cluster_model_path(cfg.model.name, shipped_to=cfg.model.name)
     params = model_params(model)
     if total is None or params is None:
         what = f"GPU memory of {gpu!r}" if total is None else f"parameter count of {model!r}"

@@ -32,8 +32,8 @@ from verl_grpo.services import SERVICES, ServiceSpec
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
 from verl_grpo.trainers.verl.backend import (
-    DATASET_MOUNT_ENV,
     DATASET_URI_ENV,
+    MOUNTS,
     SECRET_ENV_VARS,
     finalize_command,
     restore_command,
@@ -265,16 +265,17 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     sp = cfg.skypilot
     if not cfg.infra.accelerators:
         raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
-    envs = {k: v for k, v in spec.env.items() if k not in (DATASET_URI_ENV, DATASET_MOUNT_ENV)}
+    envs = {k: v for k, v in spec.env.items() if k not in {name for pair in MOUNTS for name in pair}}
     envs["VERL_GRPO_RUN_ID"] = spec.run_id
     envs[VENV_ENV] = REMOTE_VENV
     if cfg.storage.endpoint_url:
         envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
     mounts = {}
     # `sky exec` on an existing cluster syncs no file mounts: the restore entry fetches the dataset instead.
-    if DATASET_MOUNT_ENV in spec.env and not sp.cluster:
-        uri = spec.env[DATASET_URI_ENV]
-        mounts[spec.env[DATASET_MOUNT_ENV]] = str(local_path(uri)) if uri.startswith("file://") else uri
+    for uri_env, mount_env in MOUNTS if not sp.cluster else ():
+        if mount_env in spec.env:
+            uri = spec.env[uri_env]
+            mounts[spec.env[mount_env]] = str(local_path(uri)) if uri.startswith("file://") else uri
     engine = cfg.verl.rollout_engine
     return {
         "name": job_name(spec.run_id),

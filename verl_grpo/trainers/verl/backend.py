@@ -6,15 +6,20 @@ finalize entries that the cluster task runs around main_ppo are named here too.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
-from verl_grpo.layout import dataset_dir
+from verl_grpo.checkpoints import sha256_file
+from verl_grpo.layout import dataset_dir, published_model_dir
+from verl_grpo.models import resolve_model
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.verl import progress
-from verl_grpo.trainers.verl.overrides import run_paths, verl_overrides
+from verl_grpo.trainers.verl.overrides import run_paths, ships_with_run, verl_overrides
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.validation import VerlValidation, validate_verl_overrides
 
@@ -29,22 +34,29 @@ class VerlTrainer:
 
     name = "verl"
 
-    def __init__(self, check_reward: bool = True):
+    def __init__(self, check_reward: bool = True, ship_models: bool = True):
         self.check_reward = check_reward
+        self.ship_models = ship_models
+        """Upload a model that exists only on this machine to the store at plan() (False: the dry run, which
+        names where it would go without uploading)."""
         self.last_validation: VerlValidation | None = None
         """What the latest plan() established offline (shown by the dry run)."""
 
     def check(self, cfg: RunConfig) -> str:
         """Compose the overrides against verl's own config and run its validation, with placeholder data paths."""
         files = {split: f"/tmp/verl-grpo/data/{split}.parquet" for split in ("train", "val")}
-        overrides = verl_overrides(cfg, files, run_paths(cfg, "/tmp/verl-grpo/checkpoints/check"), "check")
+        paths = replace(run_paths(cfg, "/tmp/verl-grpo/checkpoints/check"), model_path="/tmp/verl-grpo/models/check")
+        overrides = verl_overrides(cfg, files, paths, "check")
         validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
         return f"verl main_ppo: {len(overrides)} overrides; " + "; ".join(validation.checks)
 
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
-        """Render and validate the main_ppo command; writes nothing (verl reads the overrides, not a spec file)."""
+        """Render and validate the main_ppo command (verl reads the overrides, not a spec file); the only write is
+        shipping a model that exists only on this machine to the store, once per content."""
         data_files, env = data_files_on_cluster(dataset, store, cluster)
-        paths = run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}")
+        model_path, model_env = model_on_cluster(cfg, store, cluster, upload=self.ship_models)
+        env.update(model_env)
+        paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}"), model_path=model_path)
         overrides = verl_overrides(cfg, data_files, paths, run_id)
         self.last_validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
@@ -82,11 +94,50 @@ def data_files_on_cluster(dataset: DatasetVersion, store: Store,
     return files, {DATASET_URI_ENV: dataset.uri, DATASET_MOUNT_ENV: mount}
 
 
+MODEL_URI_ENV = "VERL_GRPO_MODEL_URI"
+MODEL_MOUNT_ENV = "VERL_GRPO_MODEL_MOUNT"
+MOUNTS = ((DATASET_URI_ENV, DATASET_MOUNT_ENV), (MODEL_URI_ENV, MODEL_MOUNT_ENV))
+"""(store URI, mount path) env pairs of a TrainSpec: what the provider mounts on every node (or restore fetches)."""
+
+
+def model_on_cluster(cfg: RunConfig, store: Store, cluster: Cluster, upload: bool = True
+                     ) -> tuple[str | None, dict[str, str]]:
+    """Where verl loads the policy from, and the env telling a remote provider what to mount.
+
+    An alias or HF id is loaded from the hub on the cluster (None: the overrides use the id). A model that exists only
+    on this machine (tiny, a local directory) is shipped through the store, content-addressed
+    (`models/{name}/{digest}`), and mounted at `{workdir}/models/{name}/{digest}` like the dataset.
+    """
+    if not ships_with_run(cfg.model.name):
+        return None, {}
+    local = Path(resolve_model(cfg.model.name))
+    if cluster.on_this_machine:
+        return str(local), {}
+    rel = published_model_dir(local.name, directory_digest(local))
+    if upload and not store.exists(rel, PUBLISHED_MARKER):
+        store.put_dir(local, rel)
+        store.write_text("", rel, PUBLISHED_MARKER)  # last: a half-uploaded model is never mounted
+    return f"{cluster.workdir}/{rel}", {MODEL_URI_ENV: store.url(rel), MODEL_MOUNT_ENV: f"{cluster.workdir}/{rel}"}
+
+
+PUBLISHED_MARKER = ".published"
+
+
+def directory_digest(path: Path) -> str:
+    """First 16 hex of the sha256 over every file's relative path and sha256."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path)}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
 def restore_command(spec_env: Mapping[str, str]) -> list[str]:
-    """The pre-main_ppo entry: restore the latest committed checkpoint (and fetch the dataset if not mounted)."""
+    """The pre-main_ppo entry: restore the latest committed checkpoint (and fetch the dataset and a shipped model
+    where they are not mounted: `sky exec` syncs no file mounts)."""
     cmd = ["python", "-m", "verl_grpo.trainers.verl.restore"]
-    if spec_env.get(DATASET_URI_ENV) and spec_env.get(DATASET_MOUNT_ENV):
-        cmd += ["--dataset-uri", spec_env[DATASET_URI_ENV], "--dataset-dir", spec_env[DATASET_MOUNT_ENV]]
+    for (uri_env, mount_env), flag in zip(MOUNTS, ("dataset", "model")):
+        if spec_env.get(uri_env) and spec_env.get(mount_env):
+            cmd += [f"--{flag}-uri", spec_env[uri_env], f"--{flag}-dir", spec_env[mount_env]]
     return cmd
 
 

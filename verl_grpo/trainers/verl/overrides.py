@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
@@ -32,15 +33,25 @@ class VerlPaths:
     reward_path: str = REWARD_MODULE
     """verl reward.custom_reward_function.path (`pkg://module` or a file path)."""
     reward_name: str = REWARD_FUNCTION
+    model_path: str | None = None
+    """Where a model shipped through the store is mounted on the cluster (None: model.name is an HF id there)."""
 
 
-def cluster_model_path(name: str) -> str:
-    """`model.name` as verl on a GPU cluster loads it: an HF id or a path that exists there."""
-    if name == "tiny":
-        raise ConfigError(
-            "model.name 'tiny' is built locally for tests and cannot be trained by verl on a cluster; "
-            "set model.name to `smollm2-135m` or an HF id such as Qwen/Qwen2.5-0.5B-Instruct"
-        )
+def ships_with_run(name: str) -> bool:
+    """True when model.name exists only on this machine (tiny, a local directory): a cluster gets it through the
+    store (`backend.model_on_cluster`); an alias or HF id is loaded from the hub there."""
+    key = name.strip().lower()
+    return key == "tiny" or (key not in MODEL_ALIASES and Path(name).expanduser().is_dir())
+
+
+def cluster_model_path(name: str, shipped_to: str | None = None) -> str:
+    """`model.name` as verl on a GPU cluster loads it: an HF id, or where a model shipped through the store is
+    mounted (`shipped_to`)."""
+    if ships_with_run(name):
+        if shipped_to is None:
+            raise ConfigError(f"model.name {name!r} exists only on this machine; it reaches the cluster through the "
+                              "store when the run is planned (VerlTrainer.plan)")
+        return shipped_to
     return MODEL_ALIASES.get(name.lower(), name)
 
 
@@ -87,7 +98,7 @@ def verl_overrides(
             raise ConfigError(f"verl needs a {split} parquet file; the prepared dataset has none (splits: "
                               f"{sorted(data_files)}). Re-run data preparation with dataset.val_size > 0")
     a, v = cfg.algorithm, cfg.verl
-    model = cluster_model_path(cfg.model.name)
+    model = cluster_model_path(cfg.model.name, paths.model_path)
     n_gpus = gpus_per_node(cfg)
     mini = v.ppo_mini_batch_size or a.train_batch_size
     if mini > a.train_batch_size:

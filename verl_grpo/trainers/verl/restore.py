@@ -48,13 +48,15 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
     return ref.step
 
 
-def fetch_dataset(store_uri: str, endpoint_url: str | None, dataset_uri: str, local_dir: Path) -> bool:
-    """Download the prepared dataset into local_dir unless its parquet files are there (a mount); True if fetched.
+def fetch_dataset(store_uri: str, endpoint_url: str | None, dataset_uri: str, local_dir: Path,
+                  present: str = "*.parquet") -> bool:
+    """Download the prepared dataset (or a shipped model) into local_dir unless files matching `present` are there
+    (a mount); True if fetched.
 
     `sky exec` on an existing cluster does not sync file mounts, so the task fetches the data itself.
     """
     local_dir = Path(local_dir)
-    if any(local_dir.glob("*.parquet")):
+    if any(local_dir.glob(present)):
         return False
     store = Store(store_uri, endpoint_url)
     if not dataset_uri.startswith(store.uri + "/"):
@@ -72,15 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verl_grpo.trainers.verl.restore", description=__doc__)
     parser.add_argument("--dataset-uri", help="store URI of the prepared dataset directory")
     parser.add_argument("--dataset-dir", help="where main_ppo reads the dataset's parquet files")
+    parser.add_argument("--model-uri", help="store URI of a model shipped with the run (one only on the launcher)")
+    parser.add_argument("--model-dir", help="where main_ppo loads that model from")
     args = parser.parse_args(argv)
-    if bool(args.dataset_uri) != bool(args.dataset_dir):
-        parser.error("--dataset-uri and --dataset-dir go together")
+    if bool(args.dataset_uri) != bool(args.dataset_dir) or bool(args.model_uri) != bool(args.model_dir):
+        parser.error("--dataset-uri and --dataset-dir go together, as do --model-uri and --model-dir")
 
     def restore() -> None:
         settings = StoreSettings.from_env()
         if args.dataset_uri:
             if fetch_dataset(settings.uri, settings.endpoint_url, args.dataset_uri, Path(args.dataset_dir)):
                 print(f"fetched dataset {args.dataset_uri} into {args.dataset_dir}", flush=True)
+        if args.model_uri:
+            if fetch_dataset(settings.uri, settings.endpoint_url, args.model_uri, Path(args.model_dir), "config.json"):
+                print(f"fetched model {args.model_uri} into {args.model_dir}", flush=True)
         restore_latest(settings)
 
     return run_entry("verl_restore", restore)
