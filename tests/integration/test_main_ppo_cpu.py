@@ -156,8 +156,7 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     assert any(not torch.equal(merged[k], initial[k]) for k in initial)
 
     # a run SIGKILLed after step 2's commit, restored from the store, continues at step 3 with the same prompts
-    cfg_b = _cfg(tiny_model_dir, max_response_length=48)  # the real reward; slower steps, same data order
-    overrides_b, env_b, ckpt_b = _plan(cfg_b, data_files, s3_bucket, tmp_path / "b", "run-b")
+    overrides_b, env_b, _ = _plan(cfg, data_files, s3_bucket, tmp_path / "b", "run-b")
     killed = _run_until(["-m", MODULE, *overrides_b], env_b, "checkpoint step 2 committed")
     assert _prompts(killed) == {k: v for k, v in prompts.items() if k in _prompts(killed)}
     restore = _run(["-m", "verl_grpo.trainers.verl.restore"], env_b)
@@ -168,7 +167,14 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     assert [p.step for p in _steps(resumed.stdout)] == [3, 4]
     assert {**_prompts(killed), **_prompts(resumed.stdout)} == prompts
     assert _prompts(resumed.stdout) == {3: prompts[3], 4: prompts[4]}
+    # model, optimizer, LR schedule and sampling resume exactly: steps 3 and 4 match the uninterrupted run
+    for before, after in zip(steps[2:], _steps(resumed.stdout), strict=True):
+        assert _untimed(after.metrics) == _untimed(before.metrics)
     assert CheckpointStore(store).latest_complete("run-b").step == 4
+
+
+def _untimed(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith("timing_s/")}
 
 
 def _run_until(args: list[str], env: dict, marker: str, timeout: float = 240) -> str:

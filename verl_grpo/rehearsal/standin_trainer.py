@@ -119,7 +119,11 @@ class StandinTrainer:
         injected_failure(self.global_steps)
         n = int(self.config.actor_rollout_ref.rollout.n)
         t = time.perf_counter()
-        rollout = self.actor.rollout(list(batch["raw_prompt"]), n, int(self.config.data.max_response_length))
+        seed = int(self.config.data.get("seed") or 0)
+        with torch.random.fork_rng(devices=[]):
+            # sampling is a function of (data.seed, step, weights): a resumed run samples as an uninterrupted one
+            torch.manual_seed(seed * 1_000_003 + self.global_steps)
+            rollout = self.actor.rollout(list(batch["raw_prompt"]), n, int(self.config.data.max_response_length))
         timing["gen"] = time.perf_counter() - t
         t = time.perf_counter()
         texts = self.actor.decode_responses(rollout)
