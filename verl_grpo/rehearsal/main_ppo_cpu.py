@@ -63,12 +63,23 @@ def load_config(overrides: list[str]) -> Any:
 
 def rehearsal_line(config: Any, loggers: list[str]) -> str:
     wandb = ", W&B: project name checked with wandb's validator, nothing sent" if "wandb" in loggers else ""
+    extra_not_real = ""
+    if str(config.algorithm.adv_estimator) != "grpo":
+        extra_not_real += f", advantage estimator {config.algorithm.adv_estimator} (GRPO used instead)"
+    if config.actor_rollout_ref.actor.get("use_kl_loss", False):
+        extra_not_real += ", KL loss to the reference policy (use_kl_loss; not applied)"
+    strategy = str(config.actor_rollout_ref.actor.get("strategy", "fsdp2"))
+    if strategy != "fsdp2":
+        extra_not_real += f", actor strategy {strategy} (FSDP2 checkpoint layout written instead)"
+    if config.get("critic", {}).get("enable", False):
+        extra_not_real += ", critic (not trained)"
     return ("rehearsal: verl.trainer.main_ppo stood in by verl_grpo.rehearsal.main_ppo_cpu (CPU): real: verl "
             "Hydra config + validate_config, RLHFDataset + StatefulDataLoader (data.pt), custom reward via verl's "
             "loader, GRPO advantage + policy loss of verl.core_algos, AdamW/LR schedule of verl's FSDP engine, "
             "FSDP2 (world size 1, gloo) + FSDPCheckpointManager, checkpoint callback, resume_mode, Tracking "
             f"[{','.join(x for x in loggers if x != 'wandb')}]{wandb}; not real: vLLM rollouts (HF generate "
-            f"of {config.actor_rollout_ref.model.path}), Ray worker groups, GPUs, validation (test_freq)")
+            f"of {config.actor_rollout_ref.model.path}), Ray worker groups, GPUs, validation (test_freq)"
+            f"{extra_not_real}")
 
 
 def main(argv: list[str] | None = None) -> int:
