@@ -42,6 +42,11 @@ from verl_grpo.rehearsal.sky_boundary import (
 
 STEP_LINE = re.compile(r"^step:(\d+) - ")
 """verl's console step line; the primary task's rank 0 is watched for it to inject preemptions."""
+COMMIT_LINE = re.compile(r"^checkpoint step (\d+) committed to ")
+"""Our checkpoint callback's line once a step is durable in the store."""
+PREEMPT_GRACE_S = 10.0
+"""An injected preemption at step N lands once step N's own checkpoint is committed (so the recovery has something
+to restore), at step N+1's line, or this long after step N's line, whichever comes first."""
 POLL_S = 0.1
 RECOVERY_WAIT_S = 1.0
 """Pause between killing a preempted task's nodes and relaunching it (SkyPilot re-provisions here)."""
@@ -104,9 +109,10 @@ class Node:
             self.task.log.write(self.prefix + line)
             self.task.tail.append(f"{self.prefix}{line}")
             if self.rank == 0 and self.task.watch_steps and self.attempt == self.task.attempt:
-                match = STEP_LINE.match(line)
-                if match:
+                if match := STEP_LINE.match(line):
                     self.task.saw_step(int(match.group(1)))
+                elif match := COMMIT_LINE.match(line):
+                    self.task.saw_commit(int(match.group(1)))
 
     def poll_codes(self) -> tuple[bool, bool]:
         """Read newly written exit codes; returns (setup code new, run code new)."""
@@ -158,6 +164,8 @@ class TaskRun:
         self.preempt_at = set() if self.exec_mode else set(job.info.get("preempt_at") or [])
         self.used_steps: set[int] = set()
         self.preempt_step: int | None = None
+        self.armed: tuple[int, float] | None = None
+        """(step, deadline) of a preemption waiting for its step's commit."""
         self.relaunch_at: float | None = None
         self.terminate_at: float | None = None
         self.running = False
@@ -168,9 +176,19 @@ class TaskRun:
 
     def saw_step(self, step: int) -> None:
         """Called from a reader thread; the main loop does the killing."""
+        if self.armed is not None and step > self.armed[0]:
+            self._fire()
         if step in self.preempt_at and step not in self.used_steps and self.preempt_step is None:
             self.used_steps.add(step)
-            self.preempt_step = step
+            self.armed = (step, time.monotonic() + PREEMPT_GRACE_S)
+
+    def saw_commit(self, step: int) -> None:
+        if self.armed is not None and step >= self.armed[0]:
+            self._fire()
+
+    def _fire(self) -> None:
+        if self.armed is not None:
+            self.preempt_step, self.armed = self.armed[0], None
 
     def launch(self) -> None:
         self.attempt += 1
@@ -262,6 +280,8 @@ class TaskRun:
                 self.relaunch_at = None
                 self.launch()
             return
+        if self.armed is not None and time.monotonic() >= self.armed[1]:
+            self._fire()
         if self.preempt_step is not None:
             self._preempt(now)
             return
