@@ -384,6 +384,14 @@ class RunConfig(_Section):
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     """Prefect task runner of the flow's concurrent tasks."""
 
+    @model_validator(mode="after")
+    def _job_group_runs_a_service(self) -> RunConfig:
+        """A SkyPilot job group is training plus services: with none named, it runs the reward server, which verl's
+        reward function then calls (the job group's reason to exist); the resolved config records it."""
+        if self.infra.provider == "skypilot" and self.skypilot.shape == "job_group" and not self.services.enabled:
+            self.services.enabled = ["reward"]
+        return self
+
     @property
     def experiment_name(self) -> str:
         return self.tracking.experiment or f"verl-grpo/{self.dataset.name}"

@@ -8,6 +8,10 @@ prompts and the resumable position (`data.pt`) are verl's; the reward is the fun
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
+
 import uuid
 from typing import Any
 
@@ -76,6 +80,11 @@ class StandinData:
                 out.append(str(batch["index"][i]) if "index" in batch else "?")
         return out
 
+    @functools.cached_property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """One event loop for every async score of the run (clients are cached per loop, as in verl's reward loop)."""
+        return asyncio.new_event_loop()
+
     def score(self, batch: dict[str, Any], row: int, response_str: str) -> tuple[float, dict[str, Any]]:
         """verl NaiveRewardManager.run_single's keyword call on prompt `row` of the batch."""
         extra_info = dict(batch["extra_info"][row] or {})
@@ -84,6 +93,8 @@ class StandinData:
         reward_fn_key = self.config.data.get("reward_fn_key", "data_source")
         result = self.reward_fn(data_source=batch[reward_fn_key][row], solution_str=response_str,
                                 ground_truth=batch["reward_model"][row]["ground_truth"], extra_info=extra_info)
+        if inspect.isawaitable(result):  # an async scorer (the reward-server's client): verl's reward loop awaits it
+            result = self.loop.run_until_complete(result)
         if isinstance(result, dict):
             return float(result["score"]), result
         return float(result), {}
