@@ -59,10 +59,10 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def test_job_group_survives_two_preemptions_and_a_restarted_bug(tiny_model_dir, tmp_path):
     overrides = [f"model.name={tiny_model_dir}", *SMALL, "trainer.backend=verl", "infra.provider=skypilot",
-                 "skypilot.shape=job_group", "skypilot.max_restarts_on_errors=1"]
+                 "skypilot.shape=job_group", "skypilot.max_restarts_on_errors=1", "skypilot.termination_delay=2s"]
     cfg = load_config(CONFIGS, overrides)
     with prefect_test_harness(server_startup_timeout=120), \
-            rehearsal_session(cfg, preempt_at=(2, 4), fail_at=5, root=tmp_path / "rehearsal") as session:
+            rehearsal_session(cfg, preempt_at=(2, 4), fail_at=6, root=tmp_path / "rehearsal") as session:
         from flows.verl_grpo import verl_grpo
 
         run_overrides = [*overrides, *session.overrides]
