@@ -145,9 +145,17 @@ def test_job_group_runs_only_enabled_services_with_their_settings():
     assert "RETRIEVAL" not in tasks[-1]["run"] and "DATA_SERVER" not in tasks[-1]["run"]
 
 
-def test_job_group_without_services_is_a_one_line_config_error():
+def test_job_group_without_services_runs_the_reward_server_and_the_config_says_so():
+    cfg = _cfg("job_group", "services.enabled=[]")
+    assert cfg.services.enabled == ["reward"]  # recorded in the run's resolved config
+    assert [t["name"] for t in _docs("job_group", None, "services.enabled=[]")] == ["reward-server", "verl-trainer"]
+
+
+def test_job_group_services_of_a_config_naming_none_is_a_one_line_config_error():
+    cfg = _cfg("job_group").model_copy(deep=True)
+    object.__setattr__(cfg.services, "enabled", [])  # as a config built around the validator would be
     with pytest.raises(ConfigError, match=r"services\.enabled.*empty.*services\.enabled=\[") as e:
-        _render("job_group", {}, "services.enabled=[]")
+        templates.job_group_services(cfg)
     assert "\n" not in str(e.value)
 
 
