@@ -39,11 +39,10 @@ from verl_grpo.rehearsal.sky_boundary import (
     _read_json,
     _update_state,
 )
+from verl_grpo.trainers.verl.commit import COMMITTED_LINE
 
 STEP_LINE = re.compile(r"^step:(\d+) - ")
 """verl's console step line; the primary task's rank 0 is watched for it to inject preemptions."""
-COMMIT_LINE = re.compile(r"^checkpoint step (\d+) committed to ")
-"""Our checkpoint callback's line once a step is durable in the store."""
 PREEMPT_GRACE_S = 10.0
 """An injected preemption at step N lands once step N's own checkpoint is committed (so the recovery has something
 to restore), at step N+1's line, or this long after step N's line, whichever comes first."""
@@ -111,7 +110,7 @@ class Node:
             if self.rank == 0 and self.task.watch_steps and self.attempt == self.task.attempt:
                 if match := STEP_LINE.match(line):
                     self.task.saw_step(int(match.group(1)))
-                elif match := COMMIT_LINE.match(line):
+                elif match := COMMITTED_LINE.match(line):
                     self.task.saw_commit(int(match.group(1)))
 
     def poll_codes(self) -> tuple[bool, bool]:

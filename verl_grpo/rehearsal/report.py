@@ -4,15 +4,14 @@ the model registered, and what the launch would have cost on the cloud."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from verl_grpo.config import RunConfig
+from verl_grpo.trainers.verl.commit import COMMITTED_LINE
+from verl_grpo.trainers.verl.restore import RESTORED_LINE
 
-_COMMIT_LINE = re.compile(r"checkpoint step (\d+) committed to ")
-_RESTORE_LINE = re.compile(r"restored checkpoint step (\d+) of run ")
 STAND_INS = (
     "verl.trainer.main_ppo → verl_grpo.rehearsal.main_ppo_cpu (verl's config, dataset, reward loader, checkpoint "
     "layout, callback and resume; a CPU policy-gradient step instead of Ray/FSDP/vLLM)",
@@ -23,8 +22,8 @@ STAND_INS = (
 
 def log_facts(lines: Sequence[str]) -> tuple[list[int], list[int]]:
     """(steps committed to the store, steps restored from it), in log order, from a job's log lines."""
-    commits = [int(m[1]) for line in lines if (m := _COMMIT_LINE.search(line))]
-    restores = [int(m[1]) for line in lines if (m := _RESTORE_LINE.search(line))]
+    commits = [int(m[1]) for line in lines if (m := COMMITTED_LINE.match(line))]
+    restores = [int(m[1]) for line in lines if (m := RESTORED_LINE.match(line))]
     return commits, restores
 
 

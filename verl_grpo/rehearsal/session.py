@@ -33,11 +33,6 @@ class Session:
 
     root: Path
     overrides: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def sky_dir(self) -> Path:
-        return self.root / "sky"
 
 
 def rehearsal_overrides(cfg: RunConfig, root: Path, store_endpoint: str | None) -> list[str]:

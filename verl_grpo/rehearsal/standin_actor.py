@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_grpo.errors import ConfigError
+
 
 def init_single_process_group() -> None:
     """A world-size-1 gloo process group: what verl's FSDP code and checkpoint manager expect, on CPU."""
@@ -80,7 +82,9 @@ class StandinActor:
             return get_cosine_schedule_with_warmup(optimizer=self.optimizer, num_warmup_steps=warmup,
                                                    num_training_steps=total, min_lr_ratio=c.min_lr_ratio,
                                                    num_cycles=c.num_cycles, zero_indexed_step=c.zero_indexed_step)
-        raise NotImplementedError(f"LR scheduler type {c.lr_scheduler_type} is not supported")
+        # verl's FSDP engine knows these two as well, and fails the same way on the cluster.
+        raise ConfigError(f"actor_rollout_ref.actor.optim.lr_scheduler_type={c.lr_scheduler_type!r} is not one verl "
+                          "0.9.1 builds; use constant or cosine")
 
     # ---- rollout -------------------------------------------------------------------------------------------
 

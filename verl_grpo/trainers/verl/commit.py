@@ -5,6 +5,7 @@ Used by the checkpoint callback after each save (in the background) and by final
 
 from __future__ import annotations
 
+import re
 import json
 import os
 import shutil
@@ -82,6 +83,10 @@ def prepare_upload(settings: StoreSettings, step_dir: Path, step: int) -> Path:
     staged = stage(step_dir, settings.checkpoint_dir / STAGING_DIR)
     write_jsonl_atomic(staged / METRICS_FILE, merged_metrics(settings, upto_step=step))
     return staged
+
+
+COMMITTED_LINE = re.compile(r"^checkpoint step (\d+) committed to ")
+"""The log line of each commit (`after_commit`); the rehearsal reads it to report commits and time preemptions."""
 
 
 def after_commit(checkpoints: CheckpointStore, settings: StoreSettings) -> Callable[[CheckpointRef], None]:

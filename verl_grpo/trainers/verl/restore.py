@@ -11,6 +11,7 @@ sync file mounts). Settings come from the env vars of settings.checkpoint_env. E
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +23,10 @@ from verl_grpo.trainers import protocol
 from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, write_jsonl_atomic
 from verl_grpo.trainers.verl.metrics import read_records
 from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, write_tracker
+
+
+RESTORED_LINE = re.compile(r"^restored checkpoint step (\d+) of run ")
+"""The log line of a restore (`restore_latest`), read back by the rehearsal's report."""
 
 
 def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None = None) -> int | None:
