@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,9 @@ def _plan(cfg: RunConfig, files, s3_bucket, tmp_path: Path, run_id: str, env: di
     """The overrides and env of VerlTrainer.plan for a cluster whose workdir is tmp_path."""
     uri, endpoint = s3_bucket
     ckpt = tmp_path / "checkpoints" / run_id
-    overrides = verl_overrides(cfg, files, run_paths(cfg, str(ckpt)), run_id, env=env or {})
+    # The model is on this "cluster" already, as model_on_cluster leaves a model on the machine that trains.
+    paths = replace(run_paths(cfg, str(ckpt)), model_path=cfg.model.name)
+    overrides = verl_overrides(cfg, files, paths, run_id, env=env or {})
     run_env = {**os.environ, **checkpoint_env(uri, endpoint, run_id, str(ckpt), cfg.storage.keep_last),
                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(REPO),
                "PYTHONUNBUFFERED": "1"}
@@ -215,21 +218,23 @@ def test_injected_failure_fails_once_then_the_restart_succeeds(tiny_model_dir, d
     assert [p.step for p in _steps(second.stdout)] == [2]
 
 
-def test_wandb_rejects_the_project_name_as_wandb_init_would(tiny_model_dir, data_files, s3_bucket, tmp_path,
-                                                           capsys):
-    """With WANDB_API_KEY the plan adds the wandb logger; verl passes trainer.project_name to wandb.init."""
-    from verl_grpo.rehearsal.main_ppo_cpu import main
-
-    cfg = _cfg(tiny_model_dir)
-    assert "/" in cfg.experiment_name  # the default `verl-grpo/{dataset}`
-    overrides, _, _ = _plan(cfg, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
-    assert any(o.startswith("trainer.logger=") and "wandb" in o for o in overrides)
-    assert main(overrides) == 1
-    err = capsys.readouterr().err
-    assert "Invalid project name 'verl-grpo/gsm8k'" in err and "cannot contain characters" in err
-
-    ok = _cfg(tiny_model_dir).model_copy(update={"tracking": cfg.tracking.model_copy(update={"experiment": "ok"})})
-    overrides_ok, _, _ = _plan(ok, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
+def test_wandb_rejects_a_bad_project_name_as_wandb_init_would(tiny_model_dir, data_files, s3_bucket, tmp_path,
+                                                             capsys):
+    """With WANDB_API_KEY the plan adds the wandb logger, and verl passes trainer.project_name to wandb.init: the
+    plan's own name (`verl-grpo-gsm8k`) passes W&B's check, the experiment name `verl-grpo/gsm8k` (what the plan
+    passed before) kills the run at start-up, as on a cluster."""
     from verl_grpo.rehearsal.main_ppo_cpu import load_config, wandb_project_error
 
-    assert wandb_project_error(str(load_config(overrides_ok).trainer.project_name)) is None
+    cfg = _cfg(tiny_model_dir)
+    overrides, _, _ = _plan(cfg, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
+    assert any(o.startswith("trainer.logger=") and "wandb" in o for o in overrides)
+    assert str(load_config(overrides).trainer.project_name) == "verl-grpo-gsm8k"
+    assert wandb_project_error("verl-grpo-gsm8k") is None
+
+    bad = _cfg(tiny_model_dir, extra=[f"trainer.project_name={cfg.experiment_name}"])
+    overrides_bad, _, _ = _plan(bad, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
+    from verl_grpo.rehearsal.main_ppo_cpu import main
+
+    assert main(overrides_bad) == 1
+    err = capsys.readouterr().err
+    assert "Invalid project name 'verl-grpo/gsm8k'" in err and "cannot contain characters" in err

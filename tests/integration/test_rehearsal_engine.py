@@ -278,3 +278,21 @@ def test_dead_controller_is_failed_controller(rehearsal, workdir):
     while subprocess.run(["pgrep", "-f", str(path)], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "nodes outlived their controller"
         time.sleep(0.1)
+
+
+def test_setup_installing_uv_is_stood_in_by_the_uv_shim_even_without_uv_here(monkeypatch):
+    """A clean checkout's venv has no uv; the node runs the rehearsal's uv shim, so `pip install uv` passes."""
+    from importlib import metadata
+
+    from verl_grpo.rehearsal import shims
+
+    real_version = metadata.version
+
+    def version(name: str) -> str:
+        if name == "uv":
+            raise metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(shims.metadata, "version", version)
+    assert shims._check_requirement("uv") == []
+    assert shims._check_requirement("surely-not-installed-pkg") == ["surely-not-installed-pkg is not installed"]

@@ -30,6 +30,9 @@ GPU_ONLY = frozenset(canonicalize_name(n) for n in (
 GPU_EXTRAS = frozenset(("vllm", "sglang", "gpu", "flash-attn", "flashinfer"))
 """Extras (of e.g. verl) that pull GPU-only packages."""
 SHIM_NAMES = ("python", "python3", "pip", "uv")
+SHIMMED_TOOLS = frozenset(("uv",))
+"""Tools setup installs to run them next; on a rehearsal node the shim of the same name stands in for them, so this
+interpreter need not have them (a clean checkout's venv has no uv)."""
 # pip/uv options that take a value (the value is not a requirement).
 _VALUED_OPTIONS = frozenset((
     "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-c", "--constraint", "--torch-backend",
@@ -204,6 +207,9 @@ def _check_requirement(spec: str) -> list[str]:
         _say(f"{spec}: not for this platform (marker), skipped")
         return []
     name = canonicalize_name(req.name)
+    if name in SHIMMED_TOOLS:
+        _say(f"{spec}: stood in by the rehearsal's {name} shim")
+        return []
     gpu_only = name in GPU_ONLY
     try:
         installed = metadata.version(req.name)
