@@ -11,6 +11,13 @@ ENV_DIR = "VERL_GRPO_REHEARSAL_DIR"
 """Where all rehearsal state lives (jobs, clusters); required by `sky_boundary`."""
 ENV_PREEMPT_AT = "VERL_GRPO_REHEARSAL_PREEMPT_AT"
 """Comma list of verl step numbers at which the primary task's nodes are killed (read when a job is launched)."""
+ENV_PREEMPT_PENDING = "VERL_GRPO_REHEARSAL_PREEMPT_PENDING"
+"""Set on the primary task's nodes at each launch: the injected preemptions still to come (comma list of steps).
+The CPU stand-in holds after such a step until it is killed, as a GPU step lasting minutes would: its own steps
+take a fraction of a second, so without the hold step N+1 (and an injected failure there) could finish before
+the controller has read step N's commit line, and the rehearsal would depend on the machine's load."""
+PREEMPT_HOLD_S = 30.0
+"""Longest the stand-in holds after a preemption step (the controller fires at most 10 s after the step's line)."""
 ENV_FAIL_AT = "VERL_GRPO_REHEARSAL_FAIL_AT"
 """Passed through to the nodes: the CPU trainer stand-in fails by itself at this step."""
 ENV_ON_NODE = "VERL_GRPO_REHEARSAL"

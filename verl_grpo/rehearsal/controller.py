@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE
+from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
 from verl_grpo.rehearsal.shims import write_shims
 from verl_grpo.rehearsal.sky_boundary import (
     PACKAGE_ROOT,
@@ -259,6 +259,8 @@ class TaskRun:
         }
         if self.job.group_name:
             env["SKYPILOT_JOBGROUP_NAME"] = self.job.group_name
+        if self.watch_steps and self.preempt_at - self.used_steps:
+            env[ENV_PREEMPT_PENDING] = ",".join(map(str, sorted(self.preempt_at - self.used_steps)))
         if info.get("fail_at"):
             env[ENV_FAIL_AT] = str(info["fail_at"])
         if info.get("main_ppo"):

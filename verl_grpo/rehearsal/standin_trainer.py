@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_PENDING, PREEMPT_HOLD_S
 from verl_grpo.rehearsal.standin_actor import StandinActor
 from verl_grpo.rehearsal.standin_data import StandinData
 
-FAIL_AT_ENV = "VERL_GRPO_REHEARSAL_FAIL_AT"
-REHEARSAL_DIR_ENV = "VERL_GRPO_REHEARSAL_DIR"
 HEADLINE = ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/lr", "timing_s/step")
 """First keys of each step's metrics: verl's console line starts `step:k - critic/score/mean:… - …`."""
 
@@ -34,7 +33,7 @@ def seed_everything(seed: int) -> None:
 
 def injected_failure(step: int) -> None:
     """VERL_GRPO_REHEARSAL_FAIL_AT=N: raise at step N, once per rehearsal job (marker in the store or dir)."""
-    raw = os.environ.get(FAIL_AT_ENV, "").strip()
+    raw = os.environ.get(ENV_FAIL_AT, "").strip()
     if not raw.lstrip("-").isdigit() or int(raw) != step:
         return
     marker = f"rehearsal-failed-at-{step}"
@@ -48,15 +47,26 @@ def injected_failure(step: int) -> None:
         if store.exists(rel):
             return
         store.write_text(f"injected failure at step {step}\n", rel)
-    elif os.environ.get(REHEARSAL_DIR_ENV):
-        path = os.path.join(os.environ[REHEARSAL_DIR_ENV], marker)
+    elif os.environ.get(ENV_DIR):
+        path = os.path.join(os.environ[ENV_DIR], marker)
         if os.path.exists(path):
             return
-        os.makedirs(os.environ[REHEARSAL_DIR_ENV], exist_ok=True)
+        os.makedirs(os.environ[ENV_DIR], exist_ok=True)
         with open(path, "w") as f:
             f.write(f"injected failure at step {step}\n")
     print(f"rehearsal: injected user-code failure at step {step}", flush=True)
-    raise RuntimeError(f"rehearsal: injected user-code failure at step {step} ({FAIL_AT_ENV}={raw})")
+    raise RuntimeError(f"rehearsal: injected user-code failure at step {step} ({ENV_FAIL_AT}={raw})")
+
+
+def hold_for_preemption(step: int) -> None:
+    """After a step with a preemption still to come, wait to be killed (see ENV_PREEMPT_PENDING); bounded."""
+    pending = {int(s) for s in os.environ.get(ENV_PREEMPT_PENDING, "").split(",") if s.strip().isdigit()}
+    if step not in pending:
+        return
+    print(f"rehearsal: step {step} carries an injected preemption; holding until the controller kills this node",
+          flush=True)
+    time.sleep(PREEMPT_HOLD_S)
+    print(f"rehearsal: no preemption came within {PREEMPT_HOLD_S:.0f} s of step {step}; going on", flush=True)
 
 
 class StandinTrainer:
@@ -107,6 +117,8 @@ class StandinTrainer:
             ordered = {k: metrics[k] for k in HEADLINE if k in metrics}
             ordered.update({k: v for k, v in metrics.items() if k not in ordered})
             self.logger.log(data=ordered, step=self.global_steps)
+            if not is_last_step:
+                hold_for_preemption(self.global_steps)
             self.global_steps += 1
             current_epoch = (self.global_steps - 1) // self.steps_per_epoch
             if is_last_step:
