@@ -5,6 +5,7 @@ datasets/{name}/{hash}/{train,val,test}.parquet, rejected.parquet, manifest.json
 runs/{run_id}/config.yaml, run.json, train_result.json, metrics.jsonl
 runs/{run_id}/checkpoints/global_step_{N}/…  + MANIFEST.json, written last
 runs/{run_id}/model/
+runs/{run_id}/warm_start/model/, metrics.jsonl, result.json (written last)
 runs/{run_id}/eval/{split}.parquet, {split}.json, {split}-vllm-spec.json
 runs/{run_id}/services/{task}/        (services/{task}/ outside a run)
 eval-cache/{model_key}/{split}-{settings}.parquet + .json (the report, written last)
@@ -94,6 +95,11 @@ def checkpoint_manifest(run_id: str, step: int) -> str:
 def model_dir(run_id: str) -> str:
     """The run's final Hugging Face model directory."""
     return f"{run_dir(run_id)}/model"
+
+
+def warm_start_dir(run_id: str) -> str:
+    """The warm start (SFT) phase's model, metrics and `result.json`; the result is written last (its commit)."""
+    return f"{run_dir(run_id)}/warm_start"
 
 
 def run_of_model(model_uri: str) -> str | None:

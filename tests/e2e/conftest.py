@@ -15,6 +15,7 @@ TINY_RUN = [
     "eval.limit=8",
     "eval.batch_size=8",
     "eval.max_new_tokens=16",
+    "warm_start.enabled=false",  # the local profile's SFT phase; tests/integration/test_trl_training.py covers it
 ]
 
 

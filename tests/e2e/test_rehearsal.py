@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ["gsm8k", "local"]
 SMALL = ["algorithm.total_steps=6", "algorithm.save_freq=2", "algorithm.max_response_length=16",
          "algorithm.train_batch_size=2", "algorithm.rollouts=2", "eval.limit=4", "eval.batch_size=4",
-         "eval.max_new_tokens=16"]
+         "eval.max_new_tokens=16", "warm_start.enabled=false"]
 PROMPTS = re.compile(r"^rehearsal: step (\d+) prompts (.*)$")
 STARTS = re.compile(r"^(?:restored checkpoint step (\d+) of run|no committed checkpoint of run)")
 

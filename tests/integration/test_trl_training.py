@@ -224,3 +224,36 @@ def test_run_against_an_s3_store(s3_bucket, tmp_path, tiny_model_dir, data_mirro
     assert result.final_step == 2 and result.model_uri == store.url("runs", RUN_ID, "model")
     assert store.exists("runs", RUN_ID, "model", "model.safetensors")
     assert [json.loads(x)["step"] for x in store.read_text("runs", RUN_ID, "metrics.jsonl").splitlines()] == [1, 2]
+
+
+def test_warm_start_trains_commits_and_is_reused_by_the_next_attempt(tmp_path, tiny_model_dir, data_mirror):
+    """The SFT phase runs before GRPO, commits its model, metrics and result to the store, and GRPO starts from that
+    model; an attempt that finds it committed fetches it instead of training it again."""
+    from safetensors.torch import load_file
+
+    spec, store = plan_run(tmp_path, tiny_model_dir, data_mirror, "algorithm.total_steps=2",
+                           "warm_start.enabled=true", "warm_start.steps=3", "warm_start.batch_size=2",
+                           "warm_start.lr=1e-3", "warm_start.max_response_tokens=512")
+    proc = run_worker(spec, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("warm-start ")] == ["1/3", "2/3", "3/3"]
+    assert lines.index(next(line for line in lines if line.startswith("warm-start 3/3"))) < lines.index(
+        next(line for line in lines if line.startswith("step 1/2"))), "SFT runs before the first GRPO step"
+
+    committed = json.loads(store.read_text("runs", RUN_ID, "warm_start", "result.json"))
+    assert committed["steps"] == 3 and committed["examples"] == 6
+    sft_losses = metrics_lines(local_path(store.url("runs", RUN_ID, "warm_start", "metrics.jsonl")))
+    assert [m["step"] for m in sft_losses] == [1, 2, 3] and all(m["loss"] > 0 for m in sft_losses)
+    sft = load_file(local_path(store.url("runs", RUN_ID, "warm_start", "model", "model.safetensors")))
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert any(not (sft[k] == base[k]).all() for k in base), "the SFT phase changed the weights"
+    result = TrainResult.model_validate_json(store.read_text("runs", RUN_ID, "train_result.json"))
+    assert result.summary["warm_start_steps"] == 3 and result.summary["warm_start_final_loss"] > 0
+
+    # A later attempt with no GRPO checkpoint to resume (all lost) reuses the committed SFT model.
+    store.rm("runs", RUN_ID, "checkpoints")
+    again = run_worker(spec, tmp_path)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "warm-start: reusing the committed warm start" in again.stdout
+    assert not any(line.startswith("warm-start 1/") for line in again.stdout.splitlines())

@@ -91,6 +91,25 @@ class AlgorithmConfig(_Section):
         return self
 
 
+class WarmStartConfig(_Section):
+    """A cold-start SFT phase before GRPO: the train split's own worked solutions, rewritten into the response
+    format the rewards score (`<think>…</think><answer>…</answer>`), teach a small model the format so that GRPO's
+    groups stop tying at zero reward. Its model is committed to the store before GRPO starts; a resumed run
+    reuses it."""
+
+    enabled: bool = False
+    """Run the SFT phase before GRPO (trainer.backend=trl)."""
+    steps: int = Field(40, ge=1)
+    """Optimizer steps of the SFT phase."""
+    batch_size: int = Field(4, ge=1)
+    """Solutions per SFT step; steps × batch_size distinct train solutions are used (fewer if the split is short)."""
+    lr: float = Field(5e-5, gt=0)
+    """SFT learning rate (constant)."""
+    max_response_tokens: int | None = Field(None, ge=8)
+    """Keep only solutions whose rewritten response fits in this many tokens; None: algorithm.max_response_length
+    (a model taught long answers would be truncated in its rollouts)."""
+
+
 class TrainerConfig(_Section):
     backend: Literal["trl", "verl"] = "trl"
     """`trl` (TRL GRPOTrainer, CPU or one GPU) or `verl` (verl main_ppo on GPU clusters)."""
@@ -367,6 +386,8 @@ class RunConfig(_Section):
     """GRPO hyper-parameters."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Training backend."""
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    """Optional cold-start SFT before GRPO."""
     infra: InfraConfig = Field(default_factory=InfraConfig)
     """Compute."""
     storage: StorageConfig = Field(default_factory=StorageConfig)
@@ -390,6 +411,14 @@ class RunConfig(_Section):
         reward function then calls (the job group's reason to exist); the resolved config records it."""
         if self.infra.provider == "skypilot" and self.skypilot.shape == "job_group" and not self.services.enabled:
             self.services.enabled = ["reward"]
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_backend(self) -> RunConfig:
+        if self.warm_start.enabled and self.trainer.backend != "trl":
+            raise ValueError("warm_start.enabled runs on trainer.backend=trl only (the verl backend has no SFT phase "
+                             "yet); set warm_start.enabled=false, or warm-start with the trl backend first and "
+                             "name that run's model in model.name")
         return self
 
     @property
@@ -440,6 +469,7 @@ SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
     "verl": _when_chosen("verl"),
     "skypilot": _when_chosen("skypilot"),
     "services": lambda cfg: bool(cfg.services.enabled),
+    "warm_start": lambda cfg: cfg.warm_start.enabled,
     **{f"services.{name}": (lambda cfg, name=name: name in cfg.services.enabled) for name in get_args(ServiceName)},
 }
 """The config sections only some runs read (keyed by dotted prefix), and when a run reads them; every other

@@ -37,6 +37,7 @@ from verl_grpo.trainers.trl.backend import batch_layout, grpo_args
 from verl_grpo.trainers.trl.callbacks import MetricsLog, StoreCallback, Termination, say
 from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
 from verl_grpo.trainers.trl.spec import WorkerSpec
+from verl_grpo.trainers.trl.warm_start import committed_result, summary_of, warm_started_model
 
 TRAIN_COLUMNS = ("prompt", "data_source", "reward_model", "extra_info")
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -84,11 +85,10 @@ def restore_for_resume(spec: WorkerSpec, checkpoints: CheckpointStore, output_di
     return local, ref
 
 
-def _load_model(spec: WorkerSpec):
-    from verl_grpo.models import load_model_and_tokenizer, resolve_model
+def base_model_path(spec: WorkerSpec) -> Path | str:
+    from verl_grpo.models import resolve_model
 
-    path = spec.model_path if spec.model_path and Path(spec.model_path).is_dir() else resolve_model(spec.model_name)
-    return load_model_and_tokenizer(path, spec.cfg.model.dtype)
+    return spec.model_path if spec.model_path and Path(spec.model_path).is_dir() else resolve_model(spec.model_name)
 
 
 def _reward_functions(cfg, data_source: str):
@@ -123,14 +123,20 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     resume_dir, resumed_ref = restore_for_resume(spec, checkpoints, spec.workdir / "checkpoints", metrics)
     final_logs: dict[str, float] = {}
     upload_wait_s = 0.0
+    warm = committed_result(spec) if spec.cfg.warm_start.enabled and resume_dir else None
+    warm_summary = summary_of(warm) if warm else {}
     if resumed_ref is not None and resumed_ref.step >= cfg.algorithm.total_steps:
         # HF Trainer would run one more step past max_steps; the run is done, only its publishing was cut short.
         print(f"run {spec.run_id} already reached step {resumed_ref.step}; publishing that checkpoint", flush=True)
         export_model(resume_dir, final_dir)
         final_step, last_ref = resumed_ref.step, resumed_ref
     else:
+        start_model: Path | str = base_model_path(spec)
+        if resume_dir is None:  # a resumed run's weights come from its checkpoint
+            warm_model, warm_summary = warm_started_model(spec, start_model, termination)
+            start_model = warm_model or start_model
         final_step, last_ref, final_logs, upload_wait_s = _train(spec, termination, checkpoints, metrics, resume_dir,
-                                                                 final_dir)
+                                                                 final_dir, start_model)
         last_ref = last_ref or resumed_ref
 
     with termination.upload():
@@ -141,6 +147,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
                                lambda: store.put_file(metrics.path, run_metrics(spec.run_id)))
         summary = summarize(metrics.records(), SUMMARY, final_logs)
         summary["checkpoint_wait_s"] = upload_wait_s
+        summary.update(warm_summary)
         result = TrainResult(
             run_id=spec.run_id, final_step=final_step, checkpoint=last_ref or checkpoints.latest_complete(spec.run_id),
             model_uri=model_uri, metrics_uri=metrics_uri, summary=summary,
@@ -153,7 +160,8 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
 
 
 def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointStore, metrics: MetricsLog,
-           resume_dir: Path | None, final_dir: Path) -> tuple[int, CheckpointRef | None, dict[str, float], float]:
+           resume_dir: Path | None, final_dir: Path,
+           start_model: Path | str) -> tuple[int, CheckpointRef | None, dict[str, float], float]:
     """Run GRPOTrainer to total_steps and save the final model into final_dir.
 
     Returns the final step, its committed checkpoint, HF's end-of-training logs and the seconds training
@@ -162,7 +170,9 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     cfg = spec.cfg
     train_dataset = load_train_dataset(spec, spec.store)
     reward_funcs, reward_weights = _reward_functions(cfg, cfg.dataset.name)
-    model, tokenizer = _load_model(spec)
+    from verl_grpo.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(start_model, cfg.model.dtype)
     args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights))
     consumed: list = []
     callback = StoreCallback(

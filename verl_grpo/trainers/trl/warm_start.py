@@ -1,0 +1,142 @@
+"""The warm start: a short SFT phase (TRL's SFTTrainer) on rewritten train solutions, run before GRPO.
+
+It runs inside the training job, on the machine GRPO runs on, with the same data and model, and its model is
+committed to the store (`runs/{run_id}/warm_start/`, `result.json` last) before GRPO starts: a retried or resumed
+attempt fetches that model instead of training it again. An attempt cut short inside the phase (minutes long)
+runs the phase again from the base model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import PrinterCallback, TrainerCallback
+
+from verl_grpo.data.warm_start import SftExample, select_examples
+from verl_grpo.layout import warm_start_dir
+from verl_grpo.trainers.protocol import METRICS_FILE, write_json_atomic, write_jsonl_atomic
+from verl_grpo.trainers.trl.callbacks import Termination, say
+from verl_grpo.trainers.trl.spec import WorkerSpec
+
+RESULT = "result.json"
+LINE_PREFIX = "warm-start"
+"""Its progress lines (`warm-start k/N loss=…`) differ from GRPO's `step k/N` lines on purpose."""
+
+
+def warm_started_model(spec: WorkerSpec, base_model: Path | str, termination: Termination) -> tuple[Path | None, dict]:
+    """The warm-started model dir (trained now, or fetched when a previous attempt committed it) and its summary
+    figures; (None, {}) when warm_start is off."""
+    if not spec.cfg.warm_start.enabled:
+        return None, {}
+    store, local = spec.store, spec.workdir / "warm_start"
+    committed = f"{warm_start_dir(spec.run_id)}/{RESULT}"
+    if result := committed_result(spec):
+        model = store.get_dir(local / "model", warm_start_dir(spec.run_id), "model")
+        say(f"{LINE_PREFIX}: reusing the committed warm start of run {spec.run_id} ({result['steps']} steps, "
+            f"final loss {result['final_loss']:.4g})")
+        return model, summary_of(result)
+    result = train_warm_start(spec, base_model, local)
+    with termination.upload():
+        store.put_dir(local / "model", warm_start_dir(spec.run_id), "model")
+        store.put_file(local / METRICS_FILE, warm_start_dir(spec.run_id), METRICS_FILE)
+        store.write_text(json.dumps(result, indent=1), committed)
+    say(f"{LINE_PREFIX}: committed to {store.url(warm_start_dir(spec.run_id))}")
+    return local / "model", summary_of(result)
+
+
+def committed_result(spec: WorkerSpec) -> dict[str, Any] | None:
+    """The warm start a previous attempt of this run committed, if any."""
+    committed = f"{warm_start_dir(spec.run_id)}/{RESULT}"
+    return json.loads(spec.store.read_text(committed)) if spec.store.exists(committed) else None
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, float]:
+    return {f"warm_start_{k}": float(result[k]) for k in ("steps", "examples", "first_loss", "final_loss", "seconds")}
+
+
+def examples_for(spec: WorkerSpec, tokenizer) -> list[SftExample]:
+    """steps × batch_size train solutions (seeded order) that fit the response budget and score full marks."""
+    from verl_grpo.data.prepare import load_split
+    from verl_grpo.rewards.scoring import compute_scores
+
+    cfg = spec.cfg
+    budget = cfg.warm_start.max_response_tokens or cfg.algorithm.max_response_length
+    rows = load_split(spec.dataset, "train", spec.store).to_dict("records")
+    random.Random(cfg.algorithm.seed).shuffle(rows)
+    for row in rows:
+        row["prompt"] = [dict(m) for m in row["prompt"]]
+    eos = 1  # the chat template's end-of-turn token closes every response
+    return select_examples(
+        cfg.dataset.name, rows, cfg.warm_start.steps * cfg.warm_start.batch_size,
+        fits=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]) + eos <= budget,
+        score=lambda texts, truths: compute_scores(cfg.dataset.name, texts, truths))
+
+
+class _Lines(TrainerCallback):
+    """`warm-start k/N loss=… s/step=…` per logged step, and metrics.jsonl."""
+
+    def __init__(self, path: Path, total: int):
+        self.path, self.total, self.records = path, total, []
+        self.last = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        now = time.perf_counter()
+        record = {"step": state.global_step, "loss": float(logs["loss"]), "step_time": now - self.last}
+        if "mean_token_accuracy" in logs:
+            record["mean_token_accuracy"] = float(logs["mean_token_accuracy"])
+        self.last = now
+        self.records.append(record)
+        write_jsonl_atomic(self.path, self.records)
+        say(f"{LINE_PREFIX} {state.global_step}/{self.total} loss={record['loss']:.4g} "
+            f"s/step={record['step_time']:.3g}")
+
+
+def train_warm_start(spec: WorkerSpec, base_model: Path | str, local: Path) -> dict[str, Any]:
+    """SFT the base model on the rewritten solutions; returns the phase's result record."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from verl_grpo.models import load_model_and_tokenizer
+
+    cfg, ws = spec.cfg, spec.cfg.warm_start
+    started = time.perf_counter()
+    model, tokenizer = load_model_and_tokenizer(base_model, cfg.model.dtype)
+    examples = examples_for(spec, tokenizer)
+    steps = min(ws.steps, -(-len(examples) // ws.batch_size))
+    say(f"{LINE_PREFIX}: {steps} SFT steps on {len(examples)} rewritten {cfg.dataset.name} train solutions "
+        f"(lr {ws.lr:g}, {ws.batch_size} per step)")
+    dataset = Dataset.from_list([{"prompt": ex.prompt, "completion": [{"role": "assistant", "content": ex.response}]}
+                                 for ex in examples])
+    budget = ws.max_response_tokens or cfg.algorithm.max_response_length
+    args = SFTConfig(
+        output_dir=str(local / "trainer"), max_steps=steps, per_device_train_batch_size=ws.batch_size,
+        gradient_accumulation_steps=1, learning_rate=ws.lr, lr_scheduler_type="constant", warmup_steps=0,
+        seed=cfg.algorithm.seed, data_seed=cfg.algorithm.seed, max_length=cfg.algorithm.max_prompt_length + budget,
+        completion_only_loss=True, packing=False, logging_strategy="steps", logging_steps=1, save_strategy="no",
+        report_to=[], disable_tqdm=True, use_cpu=not _cuda(), bf16=False, fp16=False, dataloader_num_workers=0,
+    )
+    lines = _Lines(local / METRICS_FILE, steps)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[lines])
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    trainer.save_model(str(local / "model"))
+    tokenizer.save_pretrained(str(local / "model"))
+    losses = [r["loss"] for r in lines.records] or [float("nan")]
+    result = {"steps": steps, "examples": len(examples), "first_loss": losses[0], "final_loss": losses[-1],
+              "seconds": time.perf_counter() - started, "lr": ws.lr, "batch_size": ws.batch_size,
+              "max_response_tokens": budget}
+    write_json_atomic(local / RESULT, result)
+    return result
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
