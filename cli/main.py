@@ -212,7 +212,8 @@ def _stored_train_result(cfg, run_id: str):
 @main.command()
 @_config_options
 @click.option("--provider", type=click.Choice(["skypilot", "local"]), default="skypilot", show_default=True,
-              help="Where to train; skypilot implies trainer.backend=verl.")
+              help="Where to train; skypilot implies trainer.backend=verl (which has no warm start phase yet: "
+                   "warm_start.enabled=false unless you set it).")
 @click.option("--dry-run", is_flag=True, help="Run every offline check, print the task YAML(s) and a cost estimate; launch nothing.")
 @click.option("--rehearse", is_flag=True,
               help="Run the whole flow on a local rehearsal of the cloud: the rendered YAML runs on this machine "
@@ -228,7 +229,7 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
     """Train on cloud GPUs with SkyPilot (verl backend); every check runs before anything is spent."""
     overrides = (*overrides, f"infra.provider={provider}", *([f"skypilot.cluster={cluster}"] if cluster else []))
     if provider == "skypilot":
-        overrides = ("trainer.backend=verl", *overrides)
+        overrides = ("trainer.backend=verl", "warm_start.enabled=false", *overrides)
     if (preempt_at or fail_at) and not rehearse:
         raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
     if rehearse and (provider != "skypilot" or dry_run):

@@ -120,3 +120,15 @@ def test_params_leave_out_the_sections_another_backend_provider_or_unrun_service
     assert {"services.enabled", "services.reward"} <= with_reward and "services.retrieval" not in with_reward
     cfg = load_config([], ["trainer.backend=verl"], env={})
     assert cfg.params().keys() < cfg.flat().keys()  # every param is a setting of the full view
+
+
+def test_the_local_profile_warm_starts_and_verl_refuses_it_in_one_line():
+    cfg = load_config(["gsm8k", "local"], env={})
+    assert cfg.warm_start.enabled and "warm_start.steps" in cfg.params()
+    assert "warm_start.steps" not in load_config(["gsm8k"], env={}).params()
+    with pytest.raises(ConfigError) as raised:
+        load_config(["gsm8k", "local"], ["trainer.backend=verl"], env={})
+    message = str(raised.value)
+    assert "warm_start.enabled=false" in message and "'dataset'" not in message  # no config dump
+    assert not load_config(["gsm8k", "local"], ["trainer.backend=verl", "warm_start.enabled=false"],
+                           env={}).warm_start.enabled

@@ -160,5 +160,6 @@ def _format_validation_error(e: ValidationError) -> str:
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc or 'config'}: {msg} (got {err.get('input')!r})")
+        # a whole-config check names its own fields; echoing its input would print the entire config
+        lines.append(f"{loc}: {msg} (got {err.get('input')!r})" if loc else f"config: {msg}")
     return "invalid config:\n  " + "\n  ".join(lines)
