@@ -46,7 +46,7 @@ def test_verl_reads_its_console_loggers_step_lines():
     parse = get_trainer("verl").parse_progress
     verl = parse("step:5 - critic/score/mean:0.75 - actor/lr:1e-06 - timing:abc", 10)
     assert (verl.step, verl.total_steps, verl.reward) == (5, 10, 0.75)
-    assert verl.metrics == {"critic/score/mean": 0.75, "actor/lr": 1e-06} and verl.percent == 50.0
+    assert verl.metrics == {"critic/score/mean": 0.75, "actor/lr": 1e-06, "reward": 0.75} and verl.percent == 50.0
     assert parse("step:6 - critic/rewards/mean:0.5 - actor/pg_loss:0.1", 10).reward == 0.5
     assert parse("step:7 - actor/pg_loss:0.1", 10).reward is None
     assert parse("step 3/8 reward=0.25", 8) is None
