@@ -11,6 +11,7 @@ from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.logging import get_run_logger
 
 from verl_grpo.trainers.protocol import TrainProgress
+from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, TIED_GROUP_SHARE, components
 
 PROGRESS_KEY = "training-progress"
 REWARDS_KEY = "training-rewards"
@@ -19,15 +20,28 @@ _TABLE_ROWS = 50
 
 
 def rewards_markdown(run_id: str, history: list[TrainProgress]) -> str:
-    """Markdown table of the steps so far, newest last."""
+    """Markdown table of the steps so far, newest last: reward, tied share, each reward component's mean, mean
+    length, truncation rate, loss (the signal vocabulary of verl_grpo.trainers.signal; blank where not logged)."""
     shown = history[-_TABLE_ROWS:]
     lines = [f"# Training rewards of `{run_id}`", ""]
     if len(history) > len(shown):
         lines += [f"Last {len(shown)} of {len(history)} steps.", ""]
-    lines += ["| step | reward | loss |", "|---:|---:|---:|"]
+    names = list(dict.fromkeys(name for p in shown for name in components(p.metrics)))
+    header = ["step", "reward", "tied", *names, "mean length", "truncated", "loss"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for p in shown:
-        lines.append(f"| {p.step}/{p.total_steps} | {_num(p.reward)} | {_num(p.metrics.get('loss'))} |")
+        means = components(p.metrics)
+        cells = [f"{p.step}/{p.total_steps}", _num(p.reward), _tied(p.metrics), *(_num(means.get(n)) for n in names),
+                 _num(p.metrics.get(MEAN_LENGTH)), _num(p.metrics.get(CLIPPED_RATIO)), _num(p.metrics.get(LOSS))]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _tied(metrics: dict[str, float]) -> str:
+    """The tied share; verl logs none, so there only `all` (every group tied) or blank."""
+    if TIED_GROUP_SHARE in metrics:
+        return _num(metrics[TIED_GROUP_SHARE])
+    return "all" if metrics.get(ALL_TIED) == 1.0 else ""
 
 
 def _num(value: float | None) -> str:

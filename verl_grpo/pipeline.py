@@ -21,6 +21,7 @@ from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress
+from verl_grpo.trainers.signal import NoSignalWatch
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,12 @@ def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster, on_line: 
           on_progress: ProgressSink | None = None) -> TrainResult:
     """Plan the backend's command, run it on the cluster, stream its log; resumes from the latest checkpoint.
 
-    on_line gets every log line; on_progress gets a TrainProgress for every step line the trainer logs.
+    on_line gets every log line; on_progress gets a TrainProgress for every step line the trainer logs. For a backend
+    whose processes do not watch the learning signal themselves (`signal_watched_in_log`: verl), its step lines
+    feed a NoSignalWatch here: its warning goes to on_line, and with trainer.stop_on_no_signal the job is cancelled.
 
     Raises Preempted when the job's process or machines were taken away (a retry resumes), TrainingError
-    when the training code failed.
+    when the training code failed or the run stopped for want of a learning signal.
     """
     from verl_grpo.providers import follow_job, get_provider
     from verl_grpo.trainers import get_trainer
@@ -82,11 +85,19 @@ def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster, on_line: 
     spec = trainer.plan(cfg, dataset, store, run_id, cluster)
     provider = get_provider(cfg.infra.provider)
     sink = on_line or log.info
+    watch = NoSignalWatch.from_config(cfg) if getattr(trainer, "signal_watched_in_log", False) else None
 
     def each_line(line: str) -> None:
         sink(line)
-        if on_progress is not None and (progress := trainer.parse_progress(line, spec.total_steps)) is not None:
+        if on_progress is None and watch is None:
+            return
+        if (progress := trainer.parse_progress(line, spec.total_steps)) is None:
+            return
+        if on_progress is not None:
             on_progress(progress)
+        # A TrainingError from the watch (stop_on_no_signal) makes follow_job cancel the job, then propagates.
+        if watch is not None and (warning := watch.observe({"step": progress.step, **progress.metrics})):
+            sink(warning)
 
     state = follow_job(provider, provider.submit(cluster, spec), each_line)
     if state.phase == "SUCCEEDED":

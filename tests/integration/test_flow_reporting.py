@@ -19,7 +19,21 @@ def test_rewards_markdown_keeps_the_latest_rows():
     history = [TrainProgress(s, 60, s / 100, {"loss": 0.5}) for s in range(1, 61)]
     md = rewards_markdown("run-1", history)
     assert "Last 50 of 60 steps." in md
-    assert "| 60/60 | 0.6 | 0.5 |" in md and "| 10/60 |" not in md
+    assert "| 60/60 | 0.6 |  |  |  | 0.5 |" in md and "| 10/60 |" not in md
+
+
+def test_rewards_markdown_shows_the_signal_figures_of_either_backend():
+    trl = {"signal/tied_group_share": 0.5, "rewards/correctness/mean": 0.25, "rewards/thinking/mean": 1.0,
+           "completions/mean_length": 37.0, "completions/clipped_ratio": 0.125, "loss": 0.01}
+    history = [TrainProgress(1, 4, 0.3, trl),
+               TrainProgress(2, 4, 0.0, {"signal/all_tied": 1.0, "completions/mean_length": 8.0, "loss": 0.0}),
+               TrainProgress(3, 4, 0.4, {"signal/all_tied": 0.0})]
+    lines = rewards_markdown("run-1", history).splitlines()
+    assert lines[2] == "| step | reward | tied | correctness | thinking | mean length | truncated | loss |"
+    assert lines[3] == "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert lines[4:] == ["| 1/4 | 0.3 | 0.5 | 0.25 | 1 | 37 | 0.125 | 0.01 |",
+                         "| 2/4 | 0 | all |  |  | 8 |  | 0 |",
+                         "| 3/4 | 0.4 |  |  |  |  |  |  |"]
 
 
 def test_eval_table_compares_base_and_trained():

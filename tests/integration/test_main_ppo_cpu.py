@@ -22,6 +22,7 @@ import torch
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import RunConfig
 from verl_grpo.store import Store, strip_scheme
+from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD, TIED_GROUP_SHARE
 from verl_grpo.trainers.verl.overrides import run_paths, verl_overrides
 from verl_grpo.trainers.verl.progress import parse_progress
 from verl_grpo.trainers.verl.settings import checkpoint_env
@@ -112,6 +113,9 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     assert [p.step for p in steps] == [1, 2, 3, 4] and all(p.reward is not None for p in steps)
     assert all(p.metrics["actor/lr"] == pytest.approx(1e-3) for p in steps)
     assert any(p.metrics["actor/grad_norm"] > 0 for p in steps)
+    # verl's names, in the signal vocabulary too (verl logs no tie share: all_tied is derived)
+    assert all(p.metrics[CLIPPED_RATIO] == p.metrics["response_length/clip_ratio"] for p in steps)
+    assert all(p.metrics[ALL_TIED] in (0.0, 1.0) and TIED_GROUP_SHARE not in p.metrics for p in steps)
     prompts = _prompts(out)
     assert sorted(prompts) == [1, 2, 3, 4]
     ids = [i for step in prompts.values() for i in step.split(",")]
@@ -149,6 +153,9 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     assert fin.returncode == 0, fin.stdout[-2000:] + fin.stderr[-2000:]
     result = json.loads(store.read_text("runs/run-a/train_result.json"))
     assert result["final_step"] == 4
+    published = [json.loads(x) for x in store.read_text("runs/run-a/metrics.jsonl").splitlines()]
+    assert [r["step"] for r in published] == [1, 2, 3, 4]
+    assert all({ALL_TIED, CLIPPED_RATIO, MEAN_LENGTH, REWARD, LOSS} <= set(r) for r in published)
     from transformers import AutoModelForCausalLM
 
     local = tmp_path / "merged"

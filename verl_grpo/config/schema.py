@@ -119,6 +119,18 @@ class TrainerConfig(_Section):
     """torch CPU threads of the training process; None leaves torch's default."""
     logging_steps: int = Field(1, ge=1)
     """Record training metrics every this many steps."""
+    no_signal_steps: int = Field(3, ge=0)
+    """Warn once, naming the likely causes, when this many consecutive steps carry no learning signal (the rollouts
+    of every prompt tie, so every advantage is 0); 0 turns the check off."""
+    stop_on_no_signal: bool = False
+    """Fail the run with a TrainingError at that warning instead of training on (needs no_signal_steps > 0)."""
+
+    @model_validator(mode="after")
+    def _stop_needs_watch(self) -> "TrainerConfig":
+        if self.stop_on_no_signal and self.no_signal_steps == 0:
+            raise ValueError("stop_on_no_signal=true needs no_signal_steps > 0; set trainer.no_signal_steps "
+                             "(e.g. 3) or trainer.stop_on_no_signal=false")
+        return self
 
 
 class InfraConfig(_Section):

@@ -132,10 +132,11 @@ class StandinTrainer:
         n = int(self.config.actor_rollout_ref.rollout.n)
         t = time.perf_counter()
         seed = int(self.config.data.get("seed") or 0)
+        max_response_length = int(self.config.data.max_response_length)
         with torch.random.fork_rng(devices=[]):
             # sampling is a function of (data.seed, step, weights): a resumed run samples as an uninterrupted one
             torch.manual_seed(seed * 1_000_003 + self.global_steps)
-            rollout = self.actor.rollout(list(batch["raw_prompt"]), n, int(self.config.data.max_response_length))
+            rollout = self.actor.rollout(list(batch["raw_prompt"]), n, max_response_length)
         timing["gen"] = time.perf_counter() - t
         t = time.perf_counter()
         texts = self.actor.decode_responses(rollout)
@@ -158,6 +159,8 @@ class StandinTrainer:
             "critic/advantages/min": float(valid_adv.min()) if valid_adv.numel() else 0.0,
             "response_length/mean": float(resp_len.mean()),
             "response_length/max": float(resp_len.max()),
+            "response_length/min": float(resp_len.min()),
+            "response_length/clip_ratio": float(torch.eq(resp_len, max_response_length).float().mean()),
             "prompt_length/mean": float(rollout["prompt_mask"].sum(dim=1).float().mean()),
         }
 

@@ -96,7 +96,12 @@ def numbers(pairs: Iterable[Sequence[str]]) -> dict[str, float]:
 
 
 class Trainer(Protocol):
-    """A training backend: how a run config becomes a training command, and how its log reports progress."""
+    """A training backend: how a run config becomes a training command, and how its log reports progress.
+
+    Its step metrics carry the signal vocabulary of `verl_grpo.trainers.signal`, and its processes warn (or stop)
+    when the learning signal is gone; a backend whose processes cannot sets `signal_watched_in_log = True`, and
+    `pipeline.train` watches its parsed step lines instead.
+    """
 
     name: str
 

@@ -1,4 +1,5 @@
-"""What the TRL worker does around HF Trainer events: metrics.jsonl, progress lines, checkpoint commits, SIGTERM.
+"""What the TRL worker does around HF Trainer events: metrics.jsonl, progress lines, the learning-signal watch,
+checkpoint commits, SIGTERM.
 
 Checkpoints are committed by a BackgroundSaver: `on_save` snapshots HF's checkpoint dir and returns while
 the upload runs, so the next steps train during the upload.
@@ -22,6 +23,7 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
 from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
+from verl_grpo.trainers.signal import ALL_TIED, TIED_GROUP_SHARE, NoSignalWatch, all_tied
 from verl_grpo.trainers.trl.progress import progress_line
 
 
@@ -56,12 +58,31 @@ def read_metrics(path: Path | None) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-class Termination:
-    """SIGTERM handling: exit at once, except while a checkpoint upload runs; then exit right after it."""
+def signal_figures(logs: dict[str, Any]) -> dict[str, float]:
+    """TRL's logs in the shared signal vocabulary (verl_grpo.trainers.signal).
 
-    def __init__(self) -> None:
+    TRL already names the clipped ratio, mean length and component means as the vocabulary does; its
+    `frac_reward_zero_std` (share of completions whose group's reward std is 0, i.e. of tied groups, as
+    scale_rewards="group") is the tied share.
+    """
+    tied = logs.get("frac_reward_zero_std")
+    out: dict[str, float] = {}
+    if isinstance(tied, (int, float)):
+        out[TIED_GROUP_SHARE] = float(tied)
+    flag = all_tied(tied, all_equal=logs.get("reward") == 0 and logs.get("reward_std") == 0)
+    if flag is not None:
+        out[ALL_TIED] = flag
+    return out
+
+
+class Termination:
+    """When this attempt stops early: SIGTERM (at once, except while a checkpoint upload runs; then right after it),
+    and a run without learning signal (`no_signal`, set by the worker from trainer.no_signal_steps)."""
+
+    def __init__(self, no_signal: NoSignalWatch | None = None) -> None:
         self.requested = False
         self._uploading = False
+        self.no_signal = no_signal
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -84,7 +105,8 @@ class Termination:
 
 
 class StoreCallback(TrainerCallback):
-    """Per log: a metrics line + a progress line. Per save: hand the checkpoint (with metrics) to the saver."""
+    """Per log: a metrics line + a progress line, then the no-signal watch. Per save: hand the checkpoint (with
+    metrics) to the saver."""
 
     def __init__(self, *, run_id: str, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
                  keep_last: int, consumed_prompts: list, termination: Termination, prompts_per_step: int,
@@ -120,10 +142,15 @@ class StoreCallback(TrainerCallback):
             )
         record: dict[str, Any] = {"step": state.global_step}
         record.update({k: v for k, v in logs.items() if isinstance(v, (int, float)) or v is None})
+        record.update(signal_figures(record))
         record["prompt_indices"] = list(self.consumed_prompts)
         self.consumed_prompts.clear()
         self.metrics.append(record)
         say(progress_line(record, self.total_steps))
+        if self.termination.no_signal is not None:
+            # A record averages logging_steps steps; with stop_on_no_signal this raises TrainingError.
+            if warning := self.termination.no_signal.observe(record, span=args.logging_steps):
+                say(warning)
 
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step

@@ -20,8 +20,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from transformers.utils import logging as hf_logging
 
 from verl_grpo.checkpoints import permanent_error
-from verl_grpo.errors import ConfigError, DataError, VerlGrpoError
+from verl_grpo.errors import ConfigError, DataError, TrainingError, VerlGrpoError
 from verl_grpo.trainers.protocol import ERROR_FILE, EXIT_USER_ERROR, RESULT_FILE, exit_code, write_json_atomic
+from verl_grpo.trainers.signal import NoSignalWatch
 from verl_grpo.trainers.trl.callbacks import Termination
 from verl_grpo.trainers.trl.spec import load_spec
 from verl_grpo.trainers.trl.training import run
@@ -56,8 +57,9 @@ _DISK_FULL_BYTES = 1 << 20
 
 
 def _report(exc: Exception, error_file: Path) -> None:
-    """A user error is one clear line; anything else keeps its traceback. error.json if the dir allows it."""
-    if isinstance(exc, (ConfigError, DataError)):
+    """A user error, or a TrainingError this package raised on purpose (non-finite loss, no learning signal), is one
+    clear line; anything else keeps its traceback. error.json if the dir allows it."""
+    if isinstance(exc, (ConfigError, DataError, TrainingError)):
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     else:
         traceback.print_exception(exc, file=sys.stderr)
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for stale in (ERROR_FILE, RESULT_FILE):  # a previous attempt's outcome must not describe this one
             (spec_path.parent / stale).unlink(missing_ok=True)
         spec = load_spec(spec_path)
+        termination.no_signal = NoSignalWatch.from_config(spec.cfg)
         run(spec, termination)
         return 0
     except Exception as exc:  # noqa: BLE001 - the process boundary: every failure becomes error.json + exit code

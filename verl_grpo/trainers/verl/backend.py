@@ -33,6 +33,9 @@ class VerlTrainer:
     """Trainer backend `verl`: plans a main_ppo run on the cluster a provider brought up."""
 
     name = "verl"
+    signal_watched_in_log = True
+    """verl's trainer loop offers no per-step hook that could warn or stop (the checkpoint callback runs only at
+    saves), so `pipeline.train` watches the learning signal in the step lines it streams."""
 
     def __init__(self, check_reward: bool = True, ship_models: bool = True):
         self.check_reward = check_reward

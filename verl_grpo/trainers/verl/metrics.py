@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.trainers.protocol import SummaryNames
+from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD
 from verl_grpo.trainers.verl.settings import StoreSettings
 
 
@@ -42,7 +43,39 @@ def merged_metrics(settings: StoreSettings, upto_step: int | None = None) -> lis
     for record in read_records(settings.history_path) + read_records(settings.verl_metrics_path):
         if upto_step is None or record["step"] <= upto_step:
             by_step.setdefault(record["step"], {}).update(record)
-    return [by_step[s] for s in sorted(by_step)]
+    return [{**by_step[s], **common_figures(by_step[s])} for s in sorted(by_step)]
+
+
+VERL_NAMES = {
+    "critic/score/mean": REWARD,
+    "actor/pg_loss": LOSS,
+    "response_length/mean": MEAN_LENGTH,
+    "response_length/clip_ratio": CLIPPED_RATIO,
+}
+"""verl 0.9.1's step metrics (verl/trainer/ppo/metric_utils.py compute_data_metrics, the actor's pg_loss) → the
+signal vocabulary of verl_grpo.trainers.signal."""
+
+
+def common_figures(metrics: dict[str, Any]) -> dict[str, float]:
+    """A verl step's figures in the signal vocabulary: the VERL_NAMES, and ALL_TIED where it is certain.
+
+    verl logs no tied-group share, no per-component reward means (its reward loop keeps them in the batch) and no
+    zero-std figure. Every group tied for sure when every response scored the same (score max == min) or every
+    advantage is exactly 0; groups tied at different scores are not caught, since GRPO's float32 mean/std leave
+    advantages of up to ~0.06 there.
+    """
+    out = {ours: float(metrics[theirs]) for theirs, ours in VERL_NAMES.items() if _number(metrics.get(theirs))}
+    score = metrics.get("critic/score/max"), metrics.get("critic/score/min")
+    advantage = metrics.get("critic/advantages/max"), metrics.get("critic/advantages/min")
+    if all(_number(v) for v in score) and score[0] == score[1]:
+        out[ALL_TIED] = 1.0
+    elif all(_number(v) for v in advantage):
+        out[ALL_TIED] = 1.0 if advantage[0] == advantage[1] == 0 else 0.0
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 SUMMARY = SummaryNames(
