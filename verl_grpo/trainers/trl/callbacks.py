@@ -76,13 +76,11 @@ def signal_figures(logs: dict[str, Any]) -> dict[str, float]:
 
 
 class Termination:
-    """When this attempt stops early: SIGTERM (at once, except while a checkpoint upload runs; then right after it),
-    and a run without learning signal (`no_signal`, set by the worker from trainer.no_signal_steps)."""
+    """SIGTERM handling: exit at once, except while a checkpoint upload runs; then exit right after it."""
 
-    def __init__(self, no_signal: NoSignalWatch | None = None) -> None:
+    def __init__(self) -> None:
         self.requested = False
         self._uploading = False
-        self.no_signal = no_signal
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -110,8 +108,9 @@ class StoreCallback(TrainerCallback):
 
     def __init__(self, *, run_id: str, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
                  keep_last: int, consumed_prompts: list, termination: Termination, prompts_per_step: int,
-                 staging_dir: Path):
+                 staging_dir: Path, no_signal: NoSignalWatch | None = None):
         self.run_id = run_id
+        self.no_signal = no_signal
         self.total_steps = total_steps
         self.metrics = metrics
         self.checkpoints = checkpoints
@@ -147,9 +146,9 @@ class StoreCallback(TrainerCallback):
         self.consumed_prompts.clear()
         self.metrics.append(record)
         say(progress_line(record, self.total_steps))
-        if self.termination.no_signal is not None:
+        if self.no_signal is not None:
             # A record averages logging_steps steps; with stop_on_no_signal this raises TrainingError.
-            if warning := self.termination.no_signal.observe(record, span=args.logging_steps):
+            if warning := self.no_signal.observe(record, span=args.logging_steps):
                 say(warning)
 
     def on_save(self, args, state, control, **kwargs):

@@ -33,6 +33,7 @@ from verl_grpo.trainers.protocol import (
     summarize,
     write_json_atomic,
 )
+from verl_grpo.trainers.signal import NoSignalWatch
 from verl_grpo.trainers.trl.backend import batch_layout, grpo_args
 from verl_grpo.trainers.trl.callbacks import MetricsLog, StoreCallback, Termination, say
 from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
@@ -179,6 +180,7 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
         run_id=spec.run_id, total_steps=cfg.algorithm.total_steps, metrics=metrics, checkpoints=checkpoints,
         keep_last=cfg.storage.keep_last, consumed_prompts=consumed, termination=termination,
         prompts_per_step=batch_layout(cfg).prompts_per_step, staging_dir=spec.workdir / STAGING_DIR,
+        no_signal=NoSignalWatch.from_config(cfg),
     )
     trainer = RecordingGRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
                                    train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback])

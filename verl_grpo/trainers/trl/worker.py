@@ -22,7 +22,6 @@ from transformers.utils import logging as hf_logging
 from verl_grpo.checkpoints import permanent_error
 from verl_grpo.errors import ConfigError, DataError, TrainingError, VerlGrpoError
 from verl_grpo.trainers.protocol import ERROR_FILE, EXIT_USER_ERROR, RESULT_FILE, exit_code, write_json_atomic
-from verl_grpo.trainers.signal import NoSignalWatch
 from verl_grpo.trainers.trl.callbacks import Termination
 from verl_grpo.trainers.trl.spec import load_spec
 from verl_grpo.trainers.trl.training import run
@@ -84,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
         for stale in (ERROR_FILE, RESULT_FILE):  # a previous attempt's outcome must not describe this one
             (spec_path.parent / stale).unlink(missing_ok=True)
         spec = load_spec(spec_path)
-        termination.no_signal = NoSignalWatch.from_config(spec.cfg)
         run(spec, termination)
         return 0
     except Exception as exc:  # noqa: BLE001 - the process boundary: every failure becomes error.json + exit code
