@@ -82,7 +82,7 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
-    from verl_grpo.summary import mlflow_ui_command, outcome_lines
+    from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines
 
     click.echo("")
     click.secho("verl-grpo run finished", fg="green", bold=True)
@@ -96,6 +96,9 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  MLflow UI         {mlflow_ui_command(cfg.tracking.mlflow_uri)}")
     click.echo("  base -> trained, per eval metric (paired test on the same problems):")
     for line in outcome_lines(summary)[2:]:
+        click.echo(f"    {line}")
+    click.echo("  learning:")
+    for line in curve_lines(summary):
         click.echo(f"    {line}")
 
 

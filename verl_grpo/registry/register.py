@@ -28,7 +28,8 @@ from verl_grpo.registry.versions import (
     log_hf_model,
     version_by_alias,
 )
-from verl_grpo.layout import DATASET_MANIFEST, run_config
+from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
+from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
 
 log = logging.getLogger(__name__)
@@ -151,11 +152,15 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
 
 def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
                    report: EvalReport, base_report: EvalReport | None, store: Store, metrics_uri: str) -> None:
-    """config.yaml, the data manifest, the eval tables + reports and the two PNG charts (re-logging overwrites)."""
+    """config.yaml, the data manifest, the eval tables + reports, the two PNG charts and the reward curve as a
+    markdown table (re-logging overwrites). The reward curve PNG is also kept in the store beside the run."""
     with tempfile.TemporaryDirectory(prefix="verl-grpo-artifacts-") as tmp:
         root = Path(tmp)
         lines = tracking.read_lines(store, metrics_uri) or []
-        plots.reward_curve(lines, root / "plots" / "reward_curve.png")
+        if png := plots.reward_curve(lines, root / "plots" / "reward_curve.png"):
+            store.put_file(png, run_reward_curve(run_id))
+        if curve := reward_curve(lines):
+            (root / "reward_curve.md").write_text(curve_markdown(curve) + "\n")
         plots.accuracy_vs_base(report, base_report, root / "plots" / "accuracy_vs_base.png")
         config_rel = run_config(run_id)
         (root / "config.yaml").write_text(store.read_text(config_rel) if store.exists(config_rel) else cfg.to_yaml())
