@@ -91,14 +91,26 @@ def _fmt(v: object) -> str:
     return "" if v is None else str(v)
 
 
-VERSION_COLUMNS = ("version", "aliases", "accuracy", "delta_accuracy", "steps", "dataset_hash", "decision", "created")
+VERSION_COLUMNS = ("version", "aliases", "base_model", "accuracy", "delta_accuracy", "steps", "dataset_hash", "decision",
+                   "created")
 
 
 def versions_table(rows: list[dict]) -> str:
     """Registered versions as an aligned text table (the same rows feed the Prefect table artifact)."""
-    cells = [[_cell(row.get(col)) for col in VERSION_COLUMNS] for row in rows]
-    headers = ["version", "aliases", "accuracy", "delta vs base", "steps", "dataset", "decision", "created"]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    headers = ["version", "aliases", "base model", "accuracy", "delta vs base", "steps", "dataset", "decision",
+               "created"]
+    return _aligned(headers, [[_cell(row.get(col)) for col in VERSION_COLUMNS] for row in rows])
+
+
+def metrics_table(rows: list[dict]) -> str:
+    """Every eval metric (rows) of each version (columns), as its run logged it: `verl-grpo models compare`."""
+    names = sorted({m for row in rows for m in row.get("eval", {})})
+    headers = ["eval metric", *(f"v{row['version']}" for row in rows)]
+    return _aligned(headers, [[name, *(_cell(row.get("eval", {}).get(name)) for row in rows)] for name in names])
+
+
+def _aligned(headers: list[str], cells: list[list[str]]) -> str:
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
     line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(c) for c in cells)])
 
