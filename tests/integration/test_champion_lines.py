@@ -30,7 +30,7 @@ def test_a_tiny_run_never_displaces_the_smollm2_champion_but_a_comparable_better
     assert far_better.decision == (
         "not promoted: champion v1 was trained from smollm2-135m on gsm8k, v2 from tiny on gsm8k; "
         "register under tracking.registered_model=verl-grpo-gsm8k-tiny to keep lines apart")
-    assert far_better.aliases == ["challenger"] and _champion(cfg) == "1"
+    assert far_better.aliases == [] and _champion(cfg) == "1"  # not even the line's challenger
     client = MlflowClient(cfg.tracking.mlflow_uri)
     v2 = client.get_model_version(NAME, "2")
     assert v2.tags["promotion.decision"] == "kept-other-line"

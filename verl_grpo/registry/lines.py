@@ -7,8 +7,8 @@ give its base model a registered model of its own. So a run on the `tiny` test m
 can neither displace the SmolLM2 champion nor be displaced by it.
 
 What must match, and what may differ:
-- hard (the key): the base model, by canonical id (the spellings of SmolLM2 are one model; `tiny`; an HF id; a
-  local directory as given) and the dataset name. Different starting points or tasks are different products, and
+- hard (the key): the base model, by canonical id (the spellings of SmolLM2 are one model, and so are `tiny` and
+  the directory it is built in; an HF id; another local directory as given) and the dataset name. Different starting points or tasks are different products, and
   no re-evaluation turns one into the other.
 - reconciled by re-evaluation: the eval settings (split, subset = limit + seed, generation budget, samples,
   temperature, top_p) and the dataset version. All of them are in the eval settings key (evaluate.runner.plan_eval
@@ -26,15 +26,17 @@ sets it, and moving the `champion` alias by hand (MLflow UI) to a version of ano
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from verl_grpo.config import RunConfig
-from verl_grpo.models import MODEL_ALIASES, model_short_name
+from verl_grpo.models import MARKER, MODEL_ALIASES, SMOLLM2_HF_ID, model_short_name
 
 COMPARABILITY_TAG = "comparability"
 BASE_MODEL_TAG, DATASET_NAME_TAG = "model.base", "dataset.name"
@@ -71,9 +73,20 @@ def run_line(cfg: RunConfig) -> Line:
 
 
 def canonical_model(name: str) -> str:
-    """One id per base model: SmolLM2's spellings → its HF id; others as given (trailing `/` and spaces dropped)."""
+    """One id per base model: SmolLM2's spellings → its HF id; a directory this package built (the model cache's
+    `tiny`, converted SmolLM2; its marker says which) → that model's id; others as given (trailing `/` dropped)."""
     name = name.strip().rstrip("/")
-    return MODEL_ALIASES.get(name.lower(), name)
+    return MODEL_ALIASES.get(name.lower()) or _built_model(name) or name
+
+
+def _built_model(name: str) -> str | None:
+    try:
+        identity = json.loads((Path(name).expanduser() / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if identity.get("kind") == "tiny" and identity.get("seed") == 0:  # what model.name=tiny builds
+        return "tiny"
+    return SMOLLM2_HF_ID if identity.get("kind") == "smollm2" else None
 
 
 def version_line(client: MlflowClient, version: MlflowModelVersion) -> Line | None:
@@ -96,9 +109,12 @@ def parse_key(key: str) -> Line | None:
 
 
 def other_line_reason(champion_label: str, champion: Line | None, challenger_label: str, challenger: Line) -> str:
-    """The one-line decision of a version that does not compete with a champion of another line."""
-    was = f"trained from {champion.label}" if champion else "of an unknown base model (its version has no line tags)"
-    return (f"not promoted: champion {champion_label} was {was}, {challenger_label} from {challenger.label}; "
+    """The one-line decision of a version that does not compete with a champion of another line (base models by
+    their full ids where the short names coincide: `tiny` and a local copy of it, say)."""
+    full = champion is not None and champion.label == challenger.label
+    name = (lambda line: f"{line.base_model} on {line.dataset}") if full else (lambda line: line.label)
+    was = f"trained from {name(champion)}" if champion else "of an unknown base model (its version has no line tags)"
+    return (f"not promoted: champion {champion_label} was {was}, {challenger_label} from {name(challenger)}; "
             f"register under tracking.registered_model={challenger.own_model_name()} to keep lines apart")
 
 

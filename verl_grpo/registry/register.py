@@ -73,8 +73,9 @@ def register_run(
 ) -> ModelVersion:
     """Log the run (params, training curves, eval metrics, artifacts, model) and register its model version.
 
-    The new version gets alias `challenger`; `champion` moves to it when there is none yet, or when it beats
-    the champion on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
+    The new version gets alias `challenger` unless the champion is of another line (base model, dataset: see
+    registry.lines; then it is registered and nothing else); `champion` moves to it when there is none yet, or
+    when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
     the champion re-evaluated with this run's settings, for when the champion's own eval used other settings.
     """
     assert_no_secrets(tags, "register_run tags")
@@ -112,14 +113,15 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
     version_tags = {key: run_tags[key] for key in VERSION_TAGS}
     version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
-    client.set_registered_model_alias(name, CHALLENGER, version.version)
     decision = _promote(client, name, version, report, store, promotion_p_value, champion_report)
+    if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion
+        client.set_registered_model_alias(name, CHALLENGER, version.version)
     client.set_terminated(mlflow_run_id, "FINISHED")
     aliases = client.get_model_version(name, version.version).aliases
     log.info("registered %s v%s (%s) in %.1fs: %s", name, version.version, "new" if created else "existing",
-             time.monotonic() - started, decision)
+             time.monotonic() - started, decision.reason)
     return ModelVersion(name=name, version=str(version.version), aliases=sorted(aliases), mlflow_run_id=mlflow_run_id,
-                        decision=decision)
+                        decision=decision.reason)
 
 
 def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:
@@ -191,7 +193,7 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
 
 
 def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
-             p_threshold: float, champion_report: EvalReport | None) -> str:
+             p_threshold: float, champion_report: EvalReport | None) -> Decision:
     """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
 
     The decision is the version's description and its `promotion.decision` tag; the comparison's numbers are
@@ -203,7 +205,7 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         # The crash may have come before the move; a newer champion has since replaced this one.
         if recorded in (FIRST, PROMOTED) and (champion is None or int(champion.version) < int(version.version)):
             _crown(client, name, version, report)
-        return version.description or recorded
+        return Decision(recorded, version.description or recorded)
     champion = version_by_alias(client, name, CHAMPION)
     label = f"v{version.version}"
     if champion is None or champion.version == version.version:
@@ -226,7 +228,7 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
     client.set_model_version_tag(name, version.version, DECISION_TAG, decision.code)
     if decision.promoted:
         _crown(client, name, version, report)
-    return decision.reason
+    return decision
 
 
 def _crown(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport) -> None:
