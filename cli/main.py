@@ -82,7 +82,7 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
-    from verl_grpo.summary import mlflow_ui_command, outcome_lines
+    from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines
 
     click.echo("")
     click.secho("verl-grpo run finished", fg="green", bold=True)
@@ -96,6 +96,9 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  MLflow UI         {mlflow_ui_command(cfg.tracking.mlflow_uri)}")
     click.echo("  base -> trained, per eval metric (paired test on the same problems):")
     for line in outcome_lines(summary)[2:]:
+        click.echo(f"    {line}")
+    click.echo("  learning:")
+    for line in curve_lines(summary):
         click.echo(f"    {line}")
 
 
@@ -317,13 +320,14 @@ def models_list(configs: tuple[str, ...], overrides: tuple[str, ...], name: str 
 @click.argument("versions", nargs=-1)
 @_user_errors
 def models_compare(configs: tuple[str, ...], overrides: tuple[str, ...], name: str, versions: tuple[str, ...]) -> None:
-    """Side by side: VERSIONS of NAME (numbers or aliases such as champion/challenger; default all)."""
-    _print_versions(_load(configs, overrides), name, versions)
+    """Side by side: VERSIONS of NAME (numbers or aliases such as champion/challenger; default all), then every
+    eval metric of each, read from its MLflow run."""
+    _print_versions(_load(configs, overrides), name, versions, metrics=True)
 
 
-def _print_versions(cfg, name: str | None, versions: tuple[str, ...]) -> None:
+def _print_versions(cfg, name: str | None, versions: tuple[str, ...], metrics: bool = False) -> None:
     from verl_grpo.registry import list_models
-    from verl_grpo.summary import versions_table
+    from verl_grpo.summary import metrics_table, versions_table
 
     rows = list_models(cfg, name)
     if versions:
@@ -336,6 +340,9 @@ def _print_versions(cfg, name: str | None, versions: tuple[str, ...]) -> None:
         click.echo(f"no registered versions of {name or cfg.registered_model_name} at {cfg.tracking.mlflow_uri}")
         return
     click.echo(versions_table(rows))
+    if metrics:
+        click.echo("")
+        click.echo(metrics_table(rows))
 
 
 @main.command()

@@ -13,7 +13,10 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import EvalReport
 from verl_grpo.models import model_short_name
 from verl_grpo.store import Store
-from verl_grpo.summary import mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
+from verl_grpo.layout import run_reward_curve
+from verl_grpo.registry.tracking import read_lines
+from verl_grpo.reward_curve import reward_curve
+from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
 
 MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"
 """URL of an MLflow UI and the local tracking store it serves (`make serve` sets both), for links from Prefect."""
@@ -60,12 +63,16 @@ def publish_summary(outcome: Outcome) -> dict:
     body, not as a task, so they show under the flow run) and the same lines in the flow run's log."""
     cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
     report, base, version = outcome.report, outcome.base_report, outcome.version
-    changes = compare_to_base(report, base, Store.from_config(cfg.storage))
-    summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes)
+    store = Store.from_config(cfg.storage)
+    changes = compare_to_base(report, base, store)
+    curve = reward_curve(read_lines(store, result.metrics_uri) or [])
+    summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes, curve,
+                           curve_png_location(store, run_id))
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
     link = f"[{version.mlflow_run_id}]({url})" if url else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)"
     logger = get_run_logger()
-    for line in [*outcome_lines(summary), f"MLflow run: {url or mlflow_ui_command(cfg.tracking.mlflow_uri)}"]:
+    for line in [*outcome_lines(summary), *curve_lines(summary),
+                 f"MLflow run: {url or mlflow_ui_command(cfg.tracking.mlflow_uri)}"]:
         logger.info(line)
     create_markdown_artifact(summary_markdown(summary, link), key="run-summary", description=f"verl-grpo run {run_id}")
     create_table_artifact(eval_table(report, base), key="eval-results",
@@ -80,6 +87,15 @@ def publish_summary(outcome: Outcome) -> dict:
     create_link_artifact(result.model_uri, link_text="final model", key="model",
                          description=f"{run_id}: final Hugging Face model dir")
     return summary
+
+
+def curve_png_location(store: Store, run_id: str) -> str:
+    """Where the run's reward curve PNG is: a local path for a local store, else its store URI; "" when the run
+    drew none (no reward logged)."""
+    rel = run_reward_curve(run_id)
+    if not store.exists(rel):
+        return ""
+    return store.path(rel) if store.is_local else store.url(rel)
 
 
 def _mlflow_url(tracking_uri: str, mlflow_run_id: str) -> str | None:

@@ -2,7 +2,7 @@
 
 ```
 datasets/{name}/{hash}/{train,val,test}.parquet, rejected.parquet, manifest.json
-runs/{run_id}/config.yaml, run.json, train_result.json, metrics.jsonl
+runs/{run_id}/config.yaml, run.json, train_result.json, metrics.jsonl, reward_curve.png
 runs/{run_id}/checkpoints/global_step_{N}/…  + MANIFEST.json, written last
 runs/{run_id}/model/
 runs/{run_id}/warm_start/model/, metrics.jsonl, result.json (written last)
@@ -74,6 +74,11 @@ def train_result(run_id: str) -> str:
 
 def run_metrics(run_id: str) -> str:
     return f"{run_dir(run_id)}/{METRICS_FILE}"
+
+
+def run_reward_curve(run_id: str) -> str:
+    """The run's reward curve (PNG), drawn from its metrics when it is registered."""
+    return f"{run_dir(run_id)}/reward_curve.png"
 
 
 def checkpoints_dir(run_id: str) -> str:

@@ -9,11 +9,14 @@ from pathlib import Path
 from verl_grpo.comparison import MetricChange
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.reward_curve import curve_markdown, curve_text
 
 
 def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                 base: EvalReport, version: ModelVersion, changes: Sequence[MetricChange] = ()) -> dict:
-    """The run's outcome as flat facts, plus `metrics`: base → trained per eval metric with its p-value."""
+                 base: EvalReport, version: ModelVersion, changes: Sequence[MetricChange] = (),
+                 curve: dict | None = None, curve_png: str = "") -> dict:
+    """The run's outcome as flat facts, plus `metrics`: base → trained per eval metric with its p-value, and
+    `reward_curve` (verl_grpo.reward_curve.reward_curve of the run's metrics; None when it logged no reward)."""
     acc, base_acc = report.metrics.get("accuracy"), base.metrics.get("accuracy")
     return {
         "run_id": run_id,
@@ -31,6 +34,8 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "checkpoint": result.checkpoint.uri if result.checkpoint else "",
         "model_uri": result.model_uri,
         "mlflow_run_id": version.mlflow_run_id,
+        "reward_curve_png": curve_png,
+        "reward_curve": curve,
         "metrics": [{"metric": c.metric, "base": c.base, "trained": c.trained, "delta": c.delta,
                      "p_value": c.p_value, "test": c.test} for c in changes],
     }
@@ -46,16 +51,28 @@ def outcome_lines(summary: dict) -> list[str]:
     return lines
 
 
+def curve_lines(summary: dict) -> list[str]:
+    """The reward curve as text lines (caption, header, rows) and where its PNG is; one line without a curve."""
+    curve, png = summary.get("reward_curve"), summary.get("reward_curve_png")
+    lines = curve_text(curve).splitlines() if curve else ["reward curve: no reward was logged per step"]
+    return [*lines, f"reward curve PNG: {png}"] if png else lines
+
+
 def summary_markdown(summary: dict, mlflow_link: str) -> str:
-    """The flow run's summary artifact: outcome, base → trained per metric, then the run's facts."""
+    """The flow run's summary artifact: outcome, base → trained per metric, the reward curve, the run's facts."""
     metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
                         for m in summary.get("metrics", []))
-    facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items() if k != "metrics")
+    facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items() if k not in ("metrics", "reward_curve"))
+    curve = summary.get("reward_curve")
+    learning = curve_markdown(curve) if curve else "No reward was logged per step."
+    png = f"\n\nPNG: `{summary['reward_curve_png']}` (and `plots/reward_curve.png` of the MLflow run)" \
+        if summary.get("reward_curve_png") else ""
     return (f"# verl-grpo run `{summary['run_id']}`\n\n"
             f"**Decision:** {summary['decision']}\n\n"
             f"**Registered:** {summary['registered']} (aliases: {summary['aliases'] or '-'})\n\n"
             f"**MLflow run:** {mlflow_link}\n\n"
             f"| metric | base | trained | delta | p-value |\n|---|---|---|---|---|\n{metrics}\n\n"
+            f"## Learning\n\n{learning}{png}\n\n"
             f"| | |\n|---|---|\n{facts}\n")
 
 
@@ -74,14 +91,26 @@ def _fmt(v: object) -> str:
     return "" if v is None else str(v)
 
 
-VERSION_COLUMNS = ("version", "aliases", "accuracy", "delta_accuracy", "steps", "dataset_hash", "decision", "created")
+VERSION_COLUMNS = ("version", "aliases", "base_model", "accuracy", "delta_accuracy", "steps", "dataset_hash", "decision",
+                   "created")
 
 
 def versions_table(rows: list[dict]) -> str:
     """Registered versions as an aligned text table (the same rows feed the Prefect table artifact)."""
-    cells = [[_cell(row.get(col)) for col in VERSION_COLUMNS] for row in rows]
-    headers = ["version", "aliases", "accuracy", "delta vs base", "steps", "dataset", "decision", "created"]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    headers = ["version", "aliases", "base model", "accuracy", "delta vs base", "steps", "dataset", "decision",
+               "created"]
+    return _aligned(headers, [[_cell(row.get(col)) for col in VERSION_COLUMNS] for row in rows])
+
+
+def metrics_table(rows: list[dict]) -> str:
+    """Every eval metric (rows) of each version (columns), as its run logged it: `verl-grpo models compare`."""
+    names = sorted({m for row in rows for m in row.get("eval", {})})
+    headers = ["eval metric", *(f"v{row['version']}" for row in rows)]
+    return _aligned(headers, [[name, *(_cell(row.get("eval", {}).get(name)) for row in rows)] for name in names])
+
+
+def _aligned(headers: list[str], cells: list[list[str]]) -> str:
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
     line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(c) for c in cells)])
 

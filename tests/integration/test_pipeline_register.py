@@ -54,8 +54,12 @@ def test_models_cli_and_charts(base_overrides, tiny_model_dir, tmp_path):
     listed = CliRunner().invoke(main, ["models", "list", *args], catch_exceptions=False)
     assert listed.exit_code == 0
     assert "challenger,champion" in listed.output and "delta vs base" in listed.output
+    assert "base model" in listed.output and "  tiny  " in listed.output and "eval metric" not in listed.output
     compared = CliRunner().invoke(main, ["models", "compare", cfg.registered_model_name, "champion", *args])
     assert compared.exit_code == 0 and "\n1 " in compared.output
+    metric_rows = compared.output.split("eval metric")[1].splitlines()  # every eval metric, read from the run
+    assert metric_rows[0].split() == ["v1"]
+    assert {"accuracy", "format_rate", "mean_score", "truncated_rate"} <= {r.split()[0] for r in metric_rows[2:]}
     missing = CliRunner().invoke(main, ["models", "compare", cfg.registered_model_name, "7", *args])
     assert missing.exit_code == 2 and "no version or alias 7" in missing.output
 

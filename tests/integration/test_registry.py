@@ -10,69 +10,23 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from mlflow.entities import LoggedModelStatus
+from metrics_lines import trl_lines
 from mlflow.tracking import MlflowClient
+from registry_runs import N, SPLIT, correct_first, make_env, make_run, register, stored_report
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl_grpo.config import RunConfig
-from verl_grpo.contracts import CheckpointRef, DatasetVersion, EvalReport, TrainResult
+from tasks.reporting import curve_png_location
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.provenance import git_sha
 from verl_grpo.registry import download_version, list_models, register_run
-from verl_grpo.layout import eval_table, model_dir
-from verl_grpo.store import Store
-
-SPLIT, SETTINGS, N = "test", "settings-a", 40
 
 
 @pytest.fixture
 def env(tmp_path):
-    store = Store(f"file://{tmp_path / 'store'}")
-    cfg = RunConfig.model_validate({
-        "storage": {"uri": store.uri},
-        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
-    })
-    manifest = json.dumps({"name": "gsm8k", "hash": "h1", "counts": {"test": N}})
-    store.write_text(manifest, "datasets/gsm8k/h1/manifest.json")
-    dataset = DatasetVersion(name="gsm8k", hash="h1", uri=store.url("datasets/gsm8k/h1"),
-                             splits={SPLIT: store.url("datasets/gsm8k/h1/test.parquet")}, counts={SPLIT: N})
-    return cfg, store, dataset
-
-
-def make_run(store: Store, tiny: Path, run_id: str, correct: list[bool], settings: str = SETTINGS,
-             accuracy_offset: float = 0.0) -> tuple[TrainResult, EvalReport, EvalReport]:
-    """A finished run in the store: model files, 3 steps of metrics, eval tables of the run and the base."""
-    model_uri = store.put_dir(tiny, model_dir(run_id))
-    lines = [json.dumps({"step": s, "loss": 1.0 / s, "reward/mean": 0.1 * s, "note": "text"}) for s in (1, 2, 3)]
-    metrics_uri = store.write_text("\n".join(lines) + "\n", f"runs/{run_id}/metrics.jsonl")
-    ckpt = CheckpointRef(run_id=run_id, step=3, uri=store.url(f"runs/{run_id}/checkpoints/global_step_3"))
-    train = TrainResult(run_id=run_id, final_step=3, checkpoint=ckpt, model_uri=model_uri, metrics_uri=metrics_uri)
-    report = _report(store, eval_table(run_id, SPLIT), model_uri, correct, settings)
-    base = _report(store, f"eval-cache/tiny/{SPLIT}-{settings}.parquet", "tiny", [False] * len(correct), settings)
-    return train, report, base
-
-
-def _report(store: Store, rel: str, model_uri: str, correct: list[bool], settings: str) -> EvalReport:
-    table = pd.DataFrame({"id": [f"test/{i}" for i in range(len(correct))], "correct": correct,
-                          "score": [float(c) for c in correct]})
-    local = Path(store.path(rel))
-    local.parent.mkdir(parents=True, exist_ok=True)
-    table.to_parquet(local)
-    acc = sum(correct) / len(correct)
-    return EvalReport(model_uri=model_uri, split=SPLIT, n=len(correct), metrics={"accuracy": acc, "pass@4": acc,
-                      "n": float(len(correct))}, table_uri=store.url(rel), settings_key=settings)
-
-
-def register(cfg, store, dataset, train, report, base, **kw):
-    return register_run(cfg, run_id=train.run_id, dataset=dataset, train=train, report=report, base_report=base,
-                        store=store, tags={"prefect.flow_run_id": "fr-1", "git.sha": "abc123"}, **kw)
-
-
-def correct_first(k: int) -> list[bool]:
-    return [i < k for i in range(N)]
+    return make_env(tmp_path)
 
 
 def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tmp_path):
@@ -165,10 +119,27 @@ def test_other_eval_settings_are_not_compared_unless_the_champion_is_re_evaluate
     kept = register(cfg, store, dataset, train, report, base)
     assert kept.decision.startswith("kept champion v1: it was evaluated with other settings")
 
-    champion_again = _report(store, "eval-cache/champ/test-new.parquet", "champ", correct_first(5), "new")
+    champion_again = stored_report(store, "eval-cache/champ/test-new.parquet", "champ", correct_first(5), "new")
     train2, report2, _ = make_run(store, tiny_model_dir, "new2", correct_first(35), settings="new")
     promoted = register(cfg, store, dataset, train2, report2, base, champion_report=champion_again)
     assert promoted.decision.startswith("promoted v3 over v1") and "champion" in promoted.aliases
+
+
+def test_reward_curve_is_a_png_beside_the_run_and_on_the_mlflow_run_with_its_table(env, tiny_model_dir, tmp_path):
+    cfg, store, dataset = env
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10), lines=trl_lines(30, tied=True))
+
+    version = register(cfg, store, dataset, train, report, base)
+
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    plots = {a.path for a in client.list_artifacts(version.mlflow_run_id, "plots")}
+    assert plots == {"plots/accuracy_vs_base.png", "plots/reward_curve.png"}
+    table = Path(client.download_artifacts(version.mlflow_run_id, "reward_curve.md", str(tmp_path))).read_text()
+    assert "(30 steps, each row the mean of 2 steps)" in table
+    assert "| step | reward | correctness | strict_format |" in table and "| 30 | 0.295 | 0.029 |" in table
+    png = curve_png_location(store, "run-a")
+    assert png == store.path("runs/run-a/reward_curve.png") and Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert curve_png_location(store, "run-never-trained") == ""
 
 
 def test_unknown_model_lists_nothing_and_an_unreachable_server_is_an_infra_error(env, monkeypatch):
@@ -256,11 +227,13 @@ def test_versions_show_their_decision_few_tags_and_the_model_names_its_champion(
     assert v2.description.startswith("promoted v2 over v1 (accuracy 0.750 vs 0.250 on 40 problems")
     assert "McNemar p=" in v2.description and "\n" not in v2.description
     assert v3.description.startswith("kept champion v2: v3 is not better")
-    for v in (v1, v2, v3):
-        assert set(v.tags) == {"verl_grpo.run_id", "dataset.hash", "config.digest", "model.base",
-                               "verl_grpo.model_uri", "eval.settings_key", "eval.split", "promotion.decision"}
+    for v in (v1, v2, v3):  # lineage, line, eval settings key, decision; every number is on the run
+        assert set(v.tags) == {"verl_grpo.run_id", "verl_grpo.model_uri", "dataset.hash", "model.base",
+                               "config.digest", "comparability", "eval.settings_key", "promotion.decision"}
+    assert v1.tags["comparability"] == "dataset=gsm8k base=HuggingFaceTB/SmolLM2-135M-Instruct"
     description = client.get_registered_model("verl-grpo-gsm8k").description
-    assert description.startswith("Champion: v2 (accuracy 0.750 on test, n=40, run strong).")
+    assert description.startswith("Champion: v2 (accuracy 0.750 on test, n=40, run strong). Line: smollm2-135m on "
+                                  "gsm8k; only versions of that base model and dataset compete with it.\n\n")
 
 
 @pytest.fixture

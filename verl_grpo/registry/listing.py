@@ -1,4 +1,5 @@
-"""Registered versions as rows for `verl-grpo models list|compare`."""
+"""Registered versions as rows for `verl-grpo models list|compare`: lineage from the version's tags, every number
+from its linked run (versions carry no metrics of their own)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from verl_grpo.config import RunConfig
+from verl_grpo.models import model_short_name
+from verl_grpo.registry.lines import BASE_MODEL_TAG, COMPARABILITY_TAG
 from verl_grpo.registry.register import DECISION_TAG, FINAL_STEP_METRIC, SETTINGS_TAG
 from verl_grpo.registry.tracking import RUN_ID_TAG, client_for, infra_errors
 
 
+EVAL_PREFIX = "eval/"
+
+
 def list_models(cfg_or_uri: RunConfig | str, name: str | None = None) -> list[dict[str, Any]]:
-    """Versions of a registered model, newest first: version, aliases, accuracy, delta vs base, steps, ...
+    """Versions of a registered model, newest first: version, aliases, base model, accuracy, delta vs base, steps,
+    ..., and `eval`: every eval metric of the version's run (`eval/<m>` → `<m>`).
 
     `cfg_or_uri` is a RunConfig (its tracking URI and registered model name) or a tracking URI (then `name`
     is required).
@@ -52,6 +59,8 @@ def _rows(client: MlflowClient, name: str) -> list[dict[str, Any]]:
             "base_accuracy": metrics.get("base/accuracy"),
             "delta_accuracy": metrics.get("delta/accuracy"),
             "steps": None if steps is None else int(steps),
+            "base_model": model_short_name(tags[BASE_MODEL_TAG]) if tags.get(BASE_MODEL_TAG) else "",
+            "comparability": tags.get(COMPARABILITY_TAG, ""),
             "dataset_hash": tags.get("dataset.hash", ""),
             "run_id": tags.get(RUN_ID_TAG, ""),
             "decision": tags.get(DECISION_TAG, ""),
@@ -59,6 +68,7 @@ def _rows(client: MlflowClient, name: str) -> list[dict[str, Any]]:
             "settings_key": tags.get(SETTINGS_TAG, ""),
             "created": datetime.fromtimestamp(v.creation_timestamp / 1000, UTC).isoformat(timespec="seconds"),
             "mlflow_run_id": v.run_id,
+            "eval": {k.removeprefix(EVAL_PREFIX): val for k, val in sorted(metrics.items()) if k.startswith(EVAL_PREFIX)},
         })
     return sorted(rows, key=lambda r: r["version"], reverse=True)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,28 +11,21 @@ matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from verl_grpo.contracts import EvalReport  # noqa: E402
+from verl_grpo.reward_curve import reward_series  # noqa: E402
 
 _COMPARED = ("accuracy", "format_rate", "mean_score")
 
 
 def reward_curve(metrics_lines: Iterable[str], out: Path) -> Path | None:
-    """Mean reward per step and each `rewards/<component>/mean`; None when there are no training points."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for line in metrics_lines:
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        step = record.get("step")
-        for key, value in record.items():
-            if key == "reward" or (key.startswith("rewards/") and key.endswith("/mean")):
-                if isinstance(value, (int, float)) and step is not None:
-                    series.setdefault(key, []).append((int(step), float(value)))
+    """Total reward per step and each reward component (TRL's or verl's names, see verl_grpo.reward_curve);
+    None when there are no training points."""
+    series = reward_series(metrics_lines)
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for key in sorted(series, key=lambda k: (k != "reward", k)):
         steps, values = zip(*sorted(series[key]))
-        label = "total reward" if key == "reward" else key.split("/")[1]
+        label = "total reward" if key == "reward" else key
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, linewidth=2.5 if key == "reward" else 1,
                 label=label)
     ax.set_xlabel("training step")

@@ -14,12 +14,14 @@ PROMOTED = "promoted"
 NOT_BETTER = "kept-not-better"
 NOT_SIGNIFICANT = "kept-not-significant"
 INCOMPARABLE = "kept-incomparable"
+OTHER_LINE = "kept-other-line"
+"""The champion is of another base model or dataset (registry.lines): registered, never compared."""
 
 
 @dataclass(frozen=True)
 class Decision:
     code: str
-    """One of first-model, promoted, kept-not-better, kept-not-significant, kept-incomparable."""
+    """One of first-model, promoted, kept-not-better, kept-not-significant, kept-incomparable, kept-other-line."""
     reason: str
     comparison: PairedComparison | None = None
 

@@ -18,8 +18,16 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.registry import plots, tracking
+from verl_grpo.registry.lines import (
+    BASE_MODEL_TAG,
+    COMPARABILITY_TAG,
+    DATASET_NAME_TAG,
+    other_line_reason,
+    run_line,
+    version_line,
+)
 from verl_grpo.registry.wandb_mirror import mirror_to_wandb
-from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, PROMOTED, Decision, decide
+from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, OTHER_LINE, PROMOTED, Decision, decide
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.registry.versions import (
     MODEL_URI_TAG,
@@ -28,7 +36,8 @@ from verl_grpo.registry.versions import (
     log_hf_model,
     version_by_alias,
 )
-from verl_grpo.layout import DATASET_MANIFEST, run_config
+from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
+from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
 
 log = logging.getLogger(__name__)
@@ -39,13 +48,14 @@ EVAL_ARTIFACT_DIR = "eval"
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
 DECISION_TAG = "promotion.decision"
 FINAL_STEP_METRIC = "train/final_step"
-VERSION_TAGS = (tracking.RUN_ID_TAG, "dataset.hash", "config.digest", "model.base", MODEL_URI_TAG, SETTINGS_TAG,
-                SPLIT_TAG)
-"""Run tags a registered version repeats: its lineage and the key that says which evals compare (plus
-`promotion.decision`); the numbers stay on the run."""
+VERSION_TAGS = (tracking.RUN_ID_TAG, MODEL_URI_TAG, "dataset.hash", BASE_MODEL_TAG, "config.digest",
+                COMPARABILITY_TAG, SETTINGS_TAG)
+"""Run tags a registered version repeats (plus `promotion.decision`): its lineage, its line (which champion it may
+displace, see registry.lines) and its eval settings key (which evals compare as they are). The numbers stay on
+the linked run, where MLflow's Compare and `verl-grpo models compare` read them."""
 REGISTERED_MODEL_ABOUT = ("GRPO post-trained models of verl-grpo. Each version is the model of one pipeline run; "
-                          "`champion` moves to a version only when it is significantly better (McNemar) on the "
-                          "same problems.")
+                          "`champion` moves to a version of the same base model and dataset (tag `comparability`) "
+                          "only when it is significantly better (McNemar) on the same problems.")
 
 
 def register_run(
@@ -63,8 +73,9 @@ def register_run(
 ) -> ModelVersion:
     """Log the run (params, training curves, eval metrics, artifacts, model) and register its model version.
 
-    The new version gets alias `challenger`; `champion` moves to it when there is none yet, or when it beats
-    the champion on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
+    The new version gets alias `challenger` unless the champion is of another line (base model, dataset: see
+    registry.lines; then it is registered and nothing else); `champion` moves to it when there is none yet, or
+    when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
     the champion re-evaluated with this run's settings, for when the champion's own eval used other settings.
     """
     assert_no_secrets(tags, "register_run tags")
@@ -102,22 +113,25 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
     version_tags = {key: run_tags[key] for key in VERSION_TAGS}
     version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
-    client.set_registered_model_alias(name, CHALLENGER, version.version)
     decision = _promote(client, name, version, report, store, promotion_p_value, champion_report)
+    if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion
+        client.set_registered_model_alias(name, CHALLENGER, version.version)
     client.set_terminated(mlflow_run_id, "FINISHED")
     aliases = client.get_model_version(name, version.version).aliases
     log.info("registered %s v%s (%s) in %.1fs: %s", name, version.version, "new" if created else "existing",
-             time.monotonic() - started, decision)
+             time.monotonic() - started, decision.reason)
     return ModelVersion(name=name, version=str(version.version), aliases=sorted(aliases), mlflow_run_id=mlflow_run_id,
-                        decision=decision)
+                        decision=decision.reason)
 
 
 def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:
-    """True when a champion exists but was evaluated with other split/settings than `report` (not comparable)."""
-    champion = version_by_alias(tracking.client_for(cfg.tracking.mlflow_uri), cfg.registered_model_name, "champion")
-    if champion is None:
+    """True when a champion of this run's line exists but was evaluated with other settings than `report`; a
+    champion of another line is never re-evaluated (it is not compared at all)."""
+    client = tracking.client_for(cfg.tracking.mlflow_uri)
+    champion = version_by_alias(client, cfg.registered_model_name, CHAMPION)
+    if champion is None or version_line(client, champion) != run_line(cfg):
         return False
-    return champion.tags.get(SETTINGS_TAG) != report.settings_key or champion.tags.get(SPLIT_TAG) != report.split
+    return champion.tags.get(SETTINGS_TAG) != report.settings_key
 
 
 def eval_summary(report: EvalReport, base_report: EvalReport | None) -> dict[str, float]:
@@ -134,11 +148,12 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
               extra: Mapping[str, str]) -> dict[str, str]:
     tags = {
         tracking.RUN_ID_TAG: run_id,
-        "dataset.name": dataset.name,
+        DATASET_NAME_TAG: dataset.name,
         "dataset.hash": dataset.hash,
         "trainer.backend": cfg.trainer.backend,
         "infra.provider": cfg.infra.provider,
-        "model.base": cfg.model.name,
+        BASE_MODEL_TAG: cfg.model.name,
+        COMPARABILITY_TAG: run_line(cfg).key,
         "checkpoint_uri": train.checkpoint.uri if train.checkpoint else train.model_uri,
         MODEL_URI_TAG: train.model_uri,
         "config.digest": cfg.digest(),
@@ -151,11 +166,15 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
 
 def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
                    report: EvalReport, base_report: EvalReport | None, store: Store, metrics_uri: str) -> None:
-    """config.yaml, the data manifest, the eval tables + reports and the two PNG charts (re-logging overwrites)."""
+    """config.yaml, the data manifest, the eval tables + reports, the two PNG charts and the reward curve as a
+    markdown table (re-logging overwrites). The reward curve PNG is also kept in the store beside the run."""
     with tempfile.TemporaryDirectory(prefix="verl-grpo-artifacts-") as tmp:
         root = Path(tmp)
         lines = tracking.read_lines(store, metrics_uri) or []
-        plots.reward_curve(lines, root / "plots" / "reward_curve.png")
+        if png := plots.reward_curve(lines, root / "plots" / "reward_curve.png"):
+            store.put_file(png, run_reward_curve(run_id))
+        if curve := reward_curve(lines):
+            (root / "reward_curve.md").write_text(curve_markdown(curve) + "\n")
         plots.accuracy_vs_base(report, base_report, root / "plots" / "accuracy_vs_base.png")
         config_rel = run_config(run_id)
         (root / "config.yaml").write_text(store.read_text(config_rel) if store.exists(config_rel) else cfg.to_yaml())
@@ -174,7 +193,7 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
 
 
 def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
-             p_threshold: float, champion_report: EvalReport | None) -> str:
+             p_threshold: float, champion_report: EvalReport | None) -> Decision:
     """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
 
     The decision is the version's description and its `promotion.decision` tag; the comparison's numbers are
@@ -186,11 +205,13 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         # The crash may have come before the move; a newer champion has since replaced this one.
         if recorded in (FIRST, PROMOTED) and (champion is None or int(champion.version) < int(version.version)):
             _crown(client, name, version, report)
-        return version.description or recorded
+        return Decision(recorded, version.description or recorded)
     champion = version_by_alias(client, name, CHAMPION)
     label = f"v{version.version}"
     if champion is None or champion.version == version.version:
         decision = Decision(FIRST, f"{label} is the first model: it becomes the champion ({_headline(report)})")
+    elif (champion_line := version_line(client, champion)) != (line := version_line(client, version)):
+        decision = Decision(OTHER_LINE, other_line_reason(f"v{champion.version}", champion_line, label, line))
     else:
         champ_label = f"v{champion.version}"
         champ_table = _champion_table(client, champion, report, store, champion_report)
@@ -207,14 +228,17 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
     client.set_model_version_tag(name, version.version, DECISION_TAG, decision.code)
     if decision.promoted:
         _crown(client, name, version, report)
-    return decision.reason
+    return decision
 
 
 def _crown(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport) -> None:
     """Point `champion` at `version` and name it, with its headline metric, in the registered model's description."""
     client.set_registered_model_alias(name, CHAMPION, version.version)
-    champion = f"Champion: v{version.version} ({_headline(report)}, run {version.tags.get(tracking.RUN_ID_TAG)})"
-    client.update_registered_model(name, description=f"{champion}.\n\n{REGISTERED_MODEL_ABOUT}")
+    champion = f"Champion: v{version.version} ({_headline(report)}, run {version.tags.get(tracking.RUN_ID_TAG)})."
+    line = version_line(client, version)
+    if line is not None:
+        champion += f" Line: {line.label}; only versions of that base model and dataset compete with it."
+    client.update_registered_model(name, description=f"{champion}\n\n{REGISTERED_MODEL_ABOUT}")
 
 
 def _headline(report: EvalReport) -> str:
@@ -226,7 +250,7 @@ def _champion_table(client: MlflowClient, champion: MlflowModelVersion, report: 
     """The champion's per-problem results under the challenger's settings, or None when there are none."""
     if champion_report is not None and champion_report.settings_key == report.settings_key:
         return read_table(store, champion_report.table_uri)
-    if champion.tags.get(SETTINGS_TAG) != report.settings_key or champion.tags.get(SPLIT_TAG) != report.split:
+    if champion.tags.get(SETTINGS_TAG) != report.settings_key:  # the key covers the split
         return None
     with tempfile.TemporaryDirectory(prefix="verl-grpo-champion-") as tmp:
         path = client.download_artifacts(champion.run_id, f"{EVAL_ARTIFACT_DIR}/{report.split}.parquet", tmp)

@@ -1,0 +1,59 @@
+"""What the end of `verl-grpo run` prints and the Prefect summary artifact shows: the learning and every metric."""
+
+from metrics_lines import COMPONENTS, trl_lines
+
+from cli.main import _print_where_to_look
+from verl_grpo.comparison import MetricChange
+from verl_grpo.config import RunConfig
+from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.reward_curve import reward_curve
+from verl_grpo.summary import summary_dict, summary_markdown
+
+PNG = "/state/store/runs/run-1/reward_curve.png"
+METRICS = {"accuracy": 0.3, "mean_score": 0.4, "format_rate": 0.5, "mean_response_tokens": 80.0,
+           "truncated_rate": 0.1, **{f"reward/{c}": 0.2 for c in COMPONENTS}}
+
+
+def _summary(curve, png=PNG):
+    def report(scale):
+        return EvalReport(model_uri="m", split="test", n=50, metrics={k: v * scale for k, v in METRICS.items()},
+                          table_uri="t", settings_key="s")
+
+    trained, base = report(1.0), report(0.5)
+    changes = [MetricChange(m, base.metrics[m], trained.metrics[m], 0.01, "Wilcoxon") for m in sorted(METRICS)]
+    dataset = DatasetVersion(name="gsm8k", hash="h1", uri="file:///d", splits={}, counts={})
+    result = TrainResult(run_id="run-1", final_step=40, checkpoint=None, model_uri="file:///m",
+                         metrics_uri="file:///m.jsonl")
+    version = ModelVersion(name="verl-grpo-gsm8k", version="2", aliases=["challenger"], mlflow_run_id="abc",
+                           decision="kept champion v1: v2 is not better")
+    return summary_dict(RunConfig(), "run-1", dataset, result, trained, base, version, changes, curve, png)
+
+
+def test_cli_prints_every_metric_the_reward_curve_and_its_png(capsys):
+    _print_where_to_look(_summary(reward_curve(trl_lines(40, tied=True))), RunConfig())
+
+    out = capsys.readouterr().out
+    for metric in METRICS:
+        assert f"    {metric}: " in out and "Wilcoxon p=0.01" in out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("    reward per training step ("))
+    assert "(40 steps, each row the mean of 2 steps)" in lines[start]
+    assert lines[start + 1].split() == ["step", "reward", *COMPONENTS, "length", "clipped", "tied"]
+    assert len([line for line in lines[start + 2:] if line.split()[0].isdigit()]) == 20
+    assert lines[start + 22] == f"    reward curve PNG: {PNG}"
+
+
+def test_cli_says_when_no_reward_was_logged(capsys):
+    _print_where_to_look(_summary(None, ""), RunConfig())
+
+    out = capsys.readouterr().out
+    assert "reward curve: no reward was logged per step" in out and "PNG" not in out
+
+
+def test_summary_artifact_shows_the_curve_as_a_table_and_names_the_png():
+    md = summary_markdown(_summary(reward_curve(trl_lines(3))), "[abc](http://x)")
+
+    assert "## Learning\n\nreward per training step (3 steps): the weighted total, then each component:\n\n| step | reward | correctness |" in md
+    assert "| 3 | 0.030 | 0.003 |" in md
+    assert f"PNG: `{PNG}`" in md and "| reward_curve |" not in md  # the curve is a table, not a fact
+    assert "| reward/no_trailing | 0.1000 | 0.2000 | 0.1000 | Wilcoxon p=0.01 |" in md
