@@ -43,12 +43,13 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
 
 
 def warm_start_line(train_summary: dict) -> str:
-    """`40 SFT steps on 160 solutions, loss 1.245 -> 0.512, 362 s`, or "" when the run had no warm start."""
+    """`40 SFT steps on 160 rewritten solutions, mean loss 1.1 (first steps) -> 0.8 (last steps), 307 s`, or ""."""
     if "warm_start_steps" not in train_summary:
         return ""
     s = train_summary
-    return (f"{int(s['warm_start_steps'])} SFT steps on {int(s['warm_start_examples'])} rewritten solutions, loss "
-            f"{s['warm_start_first_loss']:.4g} -> {s['warm_start_final_loss']:.4g}, {s['warm_start_seconds']:.0f} s")
+    return (f"{int(s['warm_start_steps'])} SFT steps on {int(s['warm_start_examples'])} rewritten solutions, "
+            f"mean loss {s['warm_start_first_loss']:.4g} (first steps) -> {s['warm_start_final_loss']:.4g} "
+            f"(last steps), {s['warm_start_seconds']:.0f} s")
 
 
 def outcome_lines(summary: dict) -> list[str]:

@@ -23,6 +23,8 @@ from verl_grpo.trainers.trl.callbacks import Termination, say
 from verl_grpo.trainers.trl.spec import WorkerSpec
 
 RESULT = "result.json"
+LOSS_WINDOW = 5
+"""first_loss / final_loss are the means of this many steps at each end of the phase."""
 LINE_PREFIX = "warm-start"
 """Its progress lines (`warm-start k/N loss=…`) differ from GRPO's `step k/N` lines on purpose."""
 
@@ -129,7 +131,9 @@ def train_warm_start(spec: WorkerSpec, base_model: Path | str, local: Path) -> d
     trainer.save_model(str(local / "model"))
     tokenizer.save_pretrained(str(local / "model"))
     losses = [r["loss"] for r in lines.records] or [float("nan")]
-    result = {"steps": steps, "examples": len(examples), "first_loss": losses[0], "final_loss": losses[-1],
+    window = max(1, min(LOSS_WINDOW, len(losses) // 2))  # one batch's loss is noisy; compare the ends' means
+    result = {"steps": steps, "examples": len(examples), "first_loss": sum(losses[:window]) / window,
+              "final_loss": sum(losses[-window:]) / window,
               "seconds": time.perf_counter() - started, "lr": ws.lr, "batch_size": ws.batch_size,
               "max_response_tokens": budget}
     write_json_atomic(local / RESULT, result)
