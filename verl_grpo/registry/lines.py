@@ -2,7 +2,7 @@
 
 Every version carries its line as the `comparability` tag (`dataset=gsm8k base=HuggingFaceTB/SmolLM2-135M-Instruct`).
 The promotion gate compares a new version with the champion only when both carry the same key; otherwise the
-new version is registered (and becomes `challenger`) but never `champion`, and its decision says why and how to
+new version is registered without an alias (neither `challenger` nor `champion`), and its decision says why and how to
 give its base model a registered model of its own. So a run on the `tiny` test model, or any other base model,
 can neither displace the SmolLM2 champion nor be displaced by it.
 
