@@ -118,7 +118,8 @@ def test_a_user_code_failure_fails_the_launch_once_without_retries(tiny_model_di
     assert result.returncode == 1, out[-3000:]
     assert "error (TrainingError)" in out and "FAILED: the job's command" in out
     report = out[out.index("Rehearsal of the SkyPilot launch"):]
-    assert report.count("  job ") == 1  # one launch: the flow did not retry a code failure
+    jobs = re.findall(r"^  job \d+ ", report, flags=re.MULTILINE)  # the report's job lines, not streamed logs
+    assert len(jobs) == 1, report  # one launch: the flow did not retry a code failure
     assert "ended FAILED" in report and "preempted" not in report and "RECOVERING" not in report
     assert "nothing registered" in report
     no_rehearsal_process_left(tmp_path / "home")
