@@ -67,18 +67,18 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @_config_options
-@click.option("--run-id", default=None, help="Resume this run id (default: resume an unfinished run with the same config, else start one).")
-@click.option("--fresh", is_flag=True, help="Start a new run even if an unfinished one with the same config exists.")
+@click.option("--run-id", default=None, help="Resume this run id; it must exist in the store (default: resume an unfinished run with the same config, else start one).")
+@click.option("--fresh", is_flag=True, help="Start a new run (named --run-id when given) even if an unfinished one with the same config exists.")
 @_user_errors
 def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None, fresh: bool) -> None:
     """Run the whole `verl-grpo` Prefect flow (ephemeral Prefect unless PREFECT_API_URL is set)."""
-    cfg = _load(configs, overrides)  # fail on a bad config before Prefect starts
-    if fresh and not run_id:
+    cfg = _load(configs, overrides)  # fail on a bad config or an unknown run id before Prefect starts
+    if run_id:
         from verl_grpo import runs
         from verl_grpo.store import Store
 
-        run_id = runs.new_run_id(cfg, Store.from_config(cfg.storage))
-    _print_where_to_look(_run_flow(configs, overrides, run_id), cfg)
+        runs.checked_run_id(Store.from_config(cfg.storage), cfg, run_id, fresh=fresh)
+    _print_where_to_look(_run_flow(configs, overrides, run_id, fresh), cfg)
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
@@ -141,15 +141,16 @@ def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str |
 
 @main.command()
 @_config_options
-@click.option("--run-id", default=None, help="Resume this run id.")
+@click.option("--run-id", default=None, help="Resume this run id; it must exist in the store.")
+@click.option("--fresh", is_flag=True, help="Start a new run (named --run-id when given).")
 @_user_errors
-def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None) -> None:
+def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None, fresh: bool) -> None:
     """Prepare (cached), provision, train and tear down, without Prefect; prints the TrainResult."""
     from verl_grpo import pipeline
     from verl_grpo.chain import run_chain
     from verl_grpo.config import config_files
 
-    run = pipeline.resolve(config_files(configs), list(overrides), run_id)
+    run = pipeline.resolve(config_files(configs), list(overrides), run_id, fresh=fresh)
     outcome = run_chain(run, pipeline.PlainSteps(on_line=click.echo), through="train")
     click.echo(outcome.train.model_dump_json(indent=1))
 
@@ -250,13 +251,14 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
     _print_where_to_look(_run_flow(configs, overrides), cfg)
 
 
-def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None = None) -> dict:
+def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None = None,
+              fresh: bool = False) -> dict:
     from flows.local_api import use_local_prefect
 
     use_local_prefect()  # before Prefect is imported: it reads its settings then
     from flows.verl_grpo import verl_grpo
 
-    return verl_grpo(config=list(configs), overrides=list(overrides), run_id=run_id)
+    return verl_grpo(config=list(configs), overrides=list(overrides), run_id=run_id, fresh=fresh)
 
 
 def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt_at: tuple[int, ...],

@@ -20,17 +20,20 @@ NIGHTLY_TAG = "nightly"  # only runs the scheduler created; a run started by han
 
 
 @flow(name="verl-grpo", log_prints=True, on_crashed=[record_crash])
-def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = None, run_id: str | None = None) -> dict:
+def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = None, run_id: str | None = None,
+              fresh: bool = False) -> dict:
     """GRPO post-training of one model on one dataset: prepare → provision → train → evaluate → register.
 
     Args:
         config: Config files or shipped profiles (gsm8k, math, mbpp, local), merged in order; default gsm8k.
         overrides: Dotted `key=value` settings applied last, e.g. `algorithm.total_steps=20` or
             `model.name=tiny` (a one-minute run).
-        run_id: Resume this run from its last checkpoint. Empty: an unfinished run with the same config
-            resumes, else a new run starts.
+        run_id: Resume this run from its last checkpoint; the run must exist in the store (a run id the store
+            does not know fails before any training). Empty: an unfinished run with the same config resumes,
+            else a new run starts.
+        fresh: Start a new run (named run_id when given, which must then be new) instead of resuming one.
     """
-    run = resolve_config(config_files(config), overrides or [], run_id)
+    run = resolve_config(config_files(config), overrides or [], run_id, fresh)
     label_flow_run(run)
     with tags(*run_tags(run.cfg)):
         return publish_summary(run_chain(run, PrefectSteps()))
@@ -38,13 +41,13 @@ def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = Non
 
 def label_flow_run(run: ResolvedRun) -> None:
     """Name the flow run after the run id, tag it (dataset, model, provider, backend; `nightly` when a schedule
-    created it) and record run_id among its parameters, so the UI can filter by tag and a re-run of the same
-    parameters (UI, automation) resumes this run."""
+    created it) and record run_id (and fresh=false: the run exists now) among its parameters, so the UI can filter
+    by tag and a re-run of the same parameters (UI, automation) resumes this run."""
     if flow_run.id is None:
         return
     with get_client(sync_client=True) as client:
         current = client.read_flow_run(flow_run.id)
-        parameters = {**current.parameters, "run_id": run.run_id}
+        parameters = {**current.parameters, "run_id": run.run_id, "fresh": False}
         nightly = [NIGHTLY_TAG] if current.auto_scheduled else []
         client.update_flow_run(flow_run.id, name=run.run_id, parameters=parameters,
                                tags=sorted({*current.tags, *run_tags(run.cfg), *nightly}))

@@ -8,6 +8,6 @@ from verl_grpo.chain import ResolvedRun
 
 
 @task(name="resolve-config", cache_policy=NO_CACHE)
-def resolve_config(config_files: list[str], overrides: list[str], run_id: str | None) -> ResolvedRun:
+def resolve_config(config_files: list[str], overrides: list[str], run_id: str | None, fresh: bool) -> ResolvedRun:
     """Validate the config, pick/resume the run id and store the resolved config: once per run."""
-    return pipeline.resolve(config_files, overrides, run_id)
+    return pipeline.resolve(config_files, overrides, run_id, fresh=fresh)

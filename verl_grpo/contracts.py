@@ -85,6 +85,8 @@ class Job(_Record):
     id: str
     name: str
     log_path: str = ""
+    log_offset: int = 0
+    """Where this job's output starts in log_path: a resumed job appends to the log of the attempts before it."""
 
 
 class JobState(_Record):

@@ -14,6 +14,11 @@ class ConfigError(VerlGrpoError):
     """The run configuration is invalid; the user fixes it. Raised before anything is spent."""
 
 
+class RunNotFound(ConfigError):
+    """A run id to resume that the store has no record of. A resume never silently becomes a fresh run (training
+    from step 1 under that id, its checkpoints in a second store); raised before anything is spent."""
+
+
 class DataError(VerlGrpoError):
     """Input data is missing or unusable; the user fixes it. Raised before anything is spent."""
 

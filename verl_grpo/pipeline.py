@@ -31,12 +31,13 @@ ProgressSink = Callable[[TrainProgress], None]
 
 
 def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
-            resume: bool = True) -> ResolvedRun:
-    """Load and validate the config, pick the run id, and store the run's resolved config: once per run."""
+            fresh: bool = False) -> ResolvedRun:
+    """Load and validate the config, pick the run id (runs.begin_run: a given run id must exist unless fresh), and
+    store the run's resolved config: once per run."""
     cfg = load_config(config_files, overrides)
     prepare_local_state(cfg)
     store = Store.from_config(cfg.storage)
-    run_id, resumed = runs.begin_run(store, cfg, run_id, resume=resume)
+    run_id, resumed = runs.begin_run(store, cfg, run_id, fresh=fresh)
     return ResolvedRun(cfg=cfg, run_id=run_id, resumed=resumed)
 
 

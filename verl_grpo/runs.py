@@ -1,7 +1,8 @@
 """Run identity and bookkeeping in the store: `runs/{run_id}/run.json` and the resolved `config.yaml`.
 
-Passing the same run_id again resumes that run. Without one, an unfinished run with the same resolved
-config is resumed (so re-running a killed `verl-grpo run` continues it); otherwise a new id is made.
+Passing the same run_id again resumes that run, and only that run: a run id the store has no record of fails
+(RunNotFound) instead of starting over. Without one, an unfinished run with the same resolved config is resumed
+(so re-running a killed `verl-grpo run` continues it); otherwise a new id is made. `fresh` starts a new run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from verl_grpo.config import RunConfig
-from verl_grpo.errors import ConfigError
+from verl_grpo.errors import ConfigError, RunNotFound
 from verl_grpo.models import model_short_name
 from verl_grpo.layout import RUNS, run_config, run_record
 from verl_grpo.store import Store
@@ -61,25 +62,49 @@ def find_resumable(store: Store, cfg: RunConfig) -> str | None:
     return max(candidates)[1] if candidates else None
 
 
-def begin_run(store: Store, cfg: RunConfig, run_id: str | None, *, resume: bool = True) -> tuple[str, bool]:
-    """Pick the run id, store the resolved config and mark the run running. Returns (run_id, resumed)."""
+def begin_run(store: Store, cfg: RunConfig, run_id: str | None, *, fresh: bool = False) -> tuple[str, bool]:
+    """Pick the run id, store the resolved config and mark the run running. Returns (run_id, resumed).
+
+    - run_id given: resume that run; its record must be in `store` (a resume never silently starts over);
+    - run_id and fresh: start a new run under that id, which must not exist yet;
+    - neither: resume the newest unfinished run with the same config, else start a new one;
+    - fresh alone: start a new run.
+    """
     if run_id:
-        validate_run_id(run_id)
-        existing = read_run(store, run_id)
-        if existing and existing.get("config_digest") != cfg.digest():
-            raise ConfigError(
-                f"run_id {run_id!r} exists with a different config (digest {existing.get('config_digest')} vs "
-                f"{cfg.digest()}); resume it with its own config ({run_config(run_id)}) or pick a new run_id"
-            )
-        resumed = existing is not None
+        resumed = checked_run_id(store, cfg, run_id, fresh=fresh) is not None
     else:
-        run_id = find_resumable(store, cfg) if resume else None
+        run_id = None if fresh else find_resumable(store, cfg)
         resumed = run_id is not None
         run_id = run_id or new_run_id(cfg, store)
     record = read_run(store, run_id) or {"run_id": run_id, "config_digest": cfg.digest(), "created_at": time.time()}
     store.write_text(cfg.to_yaml(), run_config(run_id))
     mark_run(store, run_id, "running", record)
     return run_id, resumed
+
+
+def checked_run_id(store: Store, cfg: RunConfig, run_id: str, *, fresh: bool = False) -> dict[str, Any] | None:
+    """The record of the run `run_id` names, checked for what begin_run is asked to do with it (None: a new run);
+    one ConfigError when the id is malformed, unknown (RunNotFound) without fresh, taken with fresh, or a run
+    of another config."""
+    validate_run_id(run_id)
+    existing = read_run(store, run_id)
+    if fresh and existing is not None:
+        raise ConfigError(f"run_id {run_id!r} already exists in {store.url(run_record(run_id))}; resume it "
+                          "without fresh (--fresh), or pick a new run_id")
+    if not fresh and existing is None:
+        where = store.url(run_record(run_id))
+        if store.exists(run_record(run_id)):
+            raise ConfigError(f"run_id {run_id!r}: its record {where} is unreadable; repair or remove it, or start "
+                              "a new run (no run_id, or fresh / --fresh)")
+        raise RunNotFound(f"run_id {run_id!r}: no such run in the store {store.uri} (no {where}); check the run "
+                          "id, or point storage.uri / VERL_GRPO_HOME at the store the run lives in, or start a new "
+                          "run (no run_id, or fresh / --fresh)")
+    if existing and existing.get("config_digest") != cfg.digest():
+        raise ConfigError(
+            f"run_id {run_id!r} exists with a different config (digest {existing.get('config_digest')} vs "
+            f"{cfg.digest()}); resume it with its own config ({run_config(run_id)}) or pick a new run_id"
+        )
+    return existing
 
 
 def mark_run(store: Store, run_id: str, status: RunStatus, record: dict[str, Any] | None = None, **extra: Any) -> None:

@@ -3,7 +3,7 @@
 # PIDs and logs in $PREFECT_HOME (default .state/prefect); infra/prefect/stop.sh stops them by PID.
 # The MLflow UI of the local tracking store runs beside it (mlflow.pid, mlflow.log).
 #   PREFECT_SERVER_PORT (4200)   MLFLOW_UI_PORT (5000)   VERL_GRPO_HOME (.state)   VENV (.venv)
-#   PREFECT_READY_TIMEOUT (180 s)
+#   PREFECT_READY_TIMEOUT (180 s)   VERL_GRPO_ZOMBIE_AFTER_S (90 s without a heartbeat marks a flow run Crashed)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"

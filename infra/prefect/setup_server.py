@@ -2,11 +2,15 @@
 concurrency limit and the automations in automations.yaml (created once, matched by name).
 
 Run with PREFECT_API_URL pointing at the server: `python infra/prefect/setup_server.py`.
+VERL_GRPO_ZOMBIE_AFTER_S (or --zombie-after) sets how long a flow run may go without a heartbeat before the
+zombie automation marks it Crashed (automations.yaml: 90 s); it must exceed PREFECT_FLOWS_HEARTBEAT_FREQUENCY.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -18,6 +22,7 @@ from prefect.workers.process import ProcessWorker
 
 HERE = Path(__file__).resolve().parent
 TRAIN_TAG = "verl-grpo-train"
+ZOMBIE_AUTOMATION = "verl-grpo-crash-zombie-runs"
 
 
 def ensure_work_pool(client, name: str) -> None:
@@ -36,8 +41,11 @@ def ensure_train_limit(client, limit: int) -> None:
     print(f"tag concurrency limit {TRAIN_TAG}: {limit}")
 
 
-def ensure_automations(client, path: Path) -> None:
+def ensure_automations(client, path: Path, zombie_after: int | None = None) -> None:
     for data in yaml.safe_load(path.read_text())["automations"]:
+        if data["name"] == ZOMBIE_AUTOMATION and zombie_after:
+            data["trigger"]["within"] = zombie_after
+            data["actions"][0]["message"] = f"No heartbeat for {zombie_after} s; the flow-run process is gone."
         automation = AutomationCore.model_validate(data)
         if client.read_automations_by_name(automation.name):
             print(f"automation {automation.name}: exists")
@@ -51,11 +59,17 @@ def main() -> None:
     parser.add_argument("--pool", default="verl-grpo-local")
     parser.add_argument("--train-limit", type=int, default=1)
     parser.add_argument("--automations", type=Path, default=HERE / "automations.yaml")
+    parser.add_argument("--zombie-after", type=int, default=int(os.environ.get("VERL_GRPO_ZOMBIE_AFTER_S") or 0),
+                        help="seconds without a heartbeat before a flow run is marked Crashed (default: the YAML's)")
     args = parser.parse_args()
+    heartbeat = int(os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") or 0)
+    if args.zombie_after and args.zombie_after <= heartbeat:
+        sys.exit(f"VERL_GRPO_ZOMBIE_AFTER_S={args.zombie_after} must exceed PREFECT_FLOWS_HEARTBEAT_FREQUENCY="
+                 f"{heartbeat}, else every healthy run is marked Crashed; raise it (e.g. {heartbeat + 30})")
     with get_client(sync_client=True) as client:
         ensure_work_pool(client, args.pool)
         ensure_train_limit(client, args.train_limit)
-        ensure_automations(client, args.automations)
+        ensure_automations(client, args.automations, args.zombie_after or None)
 
 
 if __name__ == "__main__":

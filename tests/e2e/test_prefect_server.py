@@ -45,6 +45,10 @@ def test_deployments_have_nightly_schedule_and_pull_from_this_clone(served):
             assert deployment.pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
             assert deployment.parameters["config"] == [name, "local"]
+            # the store travels with the deployment, whatever the environment of the worker that runs it
+            env = deployment.job_variables["env"]
+            assert env["VERL_GRPO_HOME"] == str(served.resolve())
+            assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
 
 
 def test_deployment_run_completes_with_artifacts(served, tiny_overrides):

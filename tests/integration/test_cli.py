@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -71,3 +74,34 @@ def test_launch_dry_run_rejects_bad_accelerator(cli):
     result = cli("launch", "-c", "gsm8k", "-o", "infra.accelerators=H10:8", "--dry-run")
     assert result.exit_code == 2
     assert "infra.accelerators" in result.output and "H100" in result.output
+
+
+def test_run_with_an_unknown_run_id_fails_in_one_line_before_anything_starts(tmp_path):
+    """The real console entry point: a resume of a run the store does not know never becomes a fresh run."""
+    home = tmp_path / "home"
+    env = {**os.environ, "VERL_GRPO_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, "-m", "cli", "run", "-c", "gsm8k", "-c", "local", "--run-id",
+                           "does-not-exist"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "RunNotFound" in lines[0] and "'does-not-exist'" in lines[0]
+    assert f"file://{home}/store" in lines[0] and "--fresh" in lines[0]
+    assert list((home / "store").iterdir()) == []  # no run record, config or dataset: nothing was started
+    assert not (home / "work" / "does-not-exist").exists()
+    assert list((home / "prefect").iterdir()) == []  # Prefect never started
+
+
+def test_fresh_with_a_run_id_starts_that_run_and_refuses_it_the_second_time(cli, tmp_path, monkeypatch):
+    from verl_grpo import runs
+    from verl_grpo.config import config_files, load_config
+    from verl_grpo.store import Store
+
+    monkeypatch.setenv("VERL_GRPO_HOME", str(tmp_path / "home"))
+    overrides = ["model.name=tiny", f"storage.uri=file://{tmp_path / 'store'}"]
+    cfg = load_config(config_files(["gsm8k"]), overrides)
+    store = Store.from_config(cfg.storage)
+    runs.begin_run(store, cfg, "mine", fresh=True)
+    again = cli("run", "-c", "gsm8k", "-o", overrides[0], "-o", overrides[1], "--run-id", "mine", "--fresh")
+    assert again.exit_code == 2 and "already exists" in again.output and "runs/mine/run.json" in again.output

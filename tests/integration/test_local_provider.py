@@ -83,3 +83,18 @@ def test_reported_error_type_is_carried(provider):
     state = _wait(provider, provider.submit(cluster, _spec(code)))
     assert state.phase == "FAILED" and state.error_type == "DataError"
     assert "train split is empty" in state.failure_reason
+
+
+def test_a_resumed_job_streams_only_its_own_output(tmp_path):
+    """The log file keeps every attempt; a job submitted again (a fresh provider, as after a crash) streams from
+    where its own output starts, also when a later provider reattaches to it, never the killed attempt's steps."""
+    cluster = LocalProvider(root=tmp_path / "work").up(load_config([], env={}), "r1")
+    first = LocalProvider(root=tmp_path / "work").submit(cluster, _spec("print('step 1/4', flush=True)"))
+    assert list(LocalProvider(root=tmp_path / "work").logs(first, follow=True)) == ["step 1/4"]
+    code = "import time\nprint('step 2/4', flush=True)\ntime.sleep(2)\nprint('step 3/4', flush=True)"
+    again = LocalProvider(root=tmp_path / "work").submit(cluster, _spec(code))
+    reattached = LocalProvider(root=tmp_path / "work").submit(cluster, _spec(code))
+    assert reattached.id == again.id and reattached.log_offset == again.log_offset > 0
+    assert list(LocalProvider(root=tmp_path / "work").logs(reattached, follow=True)) == ["step 2/4", "step 3/4"]
+    log = (tmp_path / "work" / "r1" / "train.log").read_text()
+    assert log.splitlines() == ["step 1/4", "step 2/4", "step 3/4"]

@@ -8,7 +8,7 @@ import pytest
 
 from verl_grpo import runs
 from verl_grpo.config import load_config
-from verl_grpo.errors import ConfigError
+from verl_grpo.errors import ConfigError, RunNotFound
 from verl_grpo.store import Store
 
 
@@ -44,12 +44,12 @@ def test_different_config_starts_a_new_run(store):
 def test_fresh_never_resumes(store):
     cfg = load_config(["gsm8k"], env={})
     first, _ = runs.begin_run(store, cfg, None)
-    second, resumed = runs.begin_run(store, cfg, None, resume=False)
+    second, resumed = runs.begin_run(store, cfg, None, fresh=True)
     assert second != first and not resumed
 
 
 def test_explicit_run_id_with_other_config_is_refused(store):
-    runs.begin_run(store, load_config(["gsm8k"], env={}), "nightly-1")
+    runs.begin_run(store, load_config(["gsm8k"], env={}), "nightly-1", fresh=True)
     with pytest.raises(ConfigError, match="different config"):
         runs.begin_run(store, load_config(["gsm8k"], ["algorithm.lr=0.1"], env={}), "nightly-1")
     with pytest.raises(ConfigError, match="run_id"):
@@ -68,3 +68,32 @@ def test_training_start_is_recorded_once_and_older_runs_give_their_creation(stor
     runs.mark_training_started(store, run_id)  # a resumed training keeps the first start
     runs.mark_run(store, run_id, "completed")
     assert runs.training_started_at(store, run_id) == created + 100
+
+
+def test_unknown_run_id_fails_naming_the_run_and_the_store_and_writes_nothing(store):
+    cfg = load_config(["gsm8k"], env={})
+    with pytest.raises(RunNotFound) as caught:
+        runs.begin_run(store, cfg, "gsm8k-smollm2-135m-20261122-0200-2")
+    message = str(caught.value)
+    assert "'gsm8k-smollm2-135m-20261122-0200-2'" in message and store.uri in message
+    assert "--fresh" in message and "\n" not in message
+    assert isinstance(caught.value, ConfigError)  # the user fixes it; no retry
+    assert store.listdir("runs") == []  # no record, no config: nothing of a new run was started
+
+
+def test_a_given_run_id_resumes_only_that_run(store):
+    cfg = load_config(["gsm8k"], env={})
+    named, resumed = runs.begin_run(store, cfg, "mine", fresh=True)
+    assert (named, resumed) == ("mine", False)
+    assert runs.begin_run(store, cfg, "mine") == ("mine", True)
+    with pytest.raises(ConfigError, match="already exists"):
+        runs.begin_run(store, cfg, "mine", fresh=True)
+
+
+def test_an_unreadable_run_record_is_not_taken_for_a_missing_one(store):
+    cfg = load_config(["gsm8k"], env={})
+    store.write_text("{not json", "runs", "broken", "run.json")
+    with pytest.raises(ConfigError, match="unreadable") as caught:
+        runs.begin_run(store, cfg, "broken")
+    assert not isinstance(caught.value, RunNotFound)
+    assert store.read_text("runs", "broken", "run.json") == "{not json"  # left for the user to repair

@@ -52,13 +52,15 @@ class LocalProvider:
         # The run's services (URLs, token file) reach the trainer exactly as the SkyPilot job group exports them.
         env = {**os.environ, **spec.env, **services_env(workdir)}
         with open(log_path, "ab") as log:
+            offset = log.tell()  # earlier attempts' lines stay above; this job's output starts here
             proc = subprocess.Popen(
                 spec.command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent,
             )
         self._children[proc.pid] = proc
-        (workdir / _JOB_FILE).write_text(json.dumps({"pid": proc.pid, "name": name, "command": spec.command}))
-        return Job(provider=self.name, id=str(proc.pid), name=name, log_path=str(log_path))
+        (workdir / _JOB_FILE).write_text(json.dumps({"pid": proc.pid, "name": name, "command": spec.command,
+                                                     "log_offset": offset}))
+        return Job(provider=self.name, id=str(proc.pid), name=name, log_path=str(log_path), log_offset=offset)
 
     def status(self, job: Job) -> JobState:
         pid = int(job.id)
@@ -81,6 +83,7 @@ class LocalProvider:
                 return
             time.sleep(0.2)
         with open(path, errors="replace") as f:
+            f.seek(job.log_offset)
             while True:
                 line = f.readline()
                 if line:
@@ -112,7 +115,8 @@ class LocalProvider:
         pid = int(data["pid"])
         if not runs_command(pid, data["command"]):
             return None
-        return Job(provider=self.name, id=str(pid), name=data["name"], log_path=str(workdir / _LOG_FILE))
+        return Job(provider=self.name, id=str(pid), name=data["name"], log_path=str(workdir / _LOG_FILE),
+                   log_offset=data.get("log_offset", 0))
 
     def _finished(self, job: Job, code: int) -> JobState:
         if code == 0:
