@@ -1,6 +1,7 @@
-"""Prefect for a run started from this machine's command line: its home under the state dir, telemetry off,
-and, when no server is named (PREFECT_API_URL unset), the ephemeral API started up front so that a failure
-is one line naming the database and the log, not a wall of tracebacks from every retry of its start-up.
+"""Prefect for a run started from this machine's command line: its home under the state dir, telemetry off
+(verl_grpo.privacy, applied when the flows package is imported), and, when no server is named (PREFECT_API_URL
+unset), the ephemeral API started up front so that a failure is one line naming the database and the log, not a
+wall of tracebacks from every retry of its start-up.
 
 Call `use_local_prefect()` before anything imports Prefect: Prefect reads these settings at import time.
 """
@@ -24,8 +25,6 @@ def use_local_prefect() -> None:
     """Prepare Prefect's home and settings; start the ephemeral API unless PREFECT_API_URL names a server."""
     state = ensure_state_dir()
     home = ensure_dir(Path(os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))), "PREFECT_HOME")
-    # The ephemeral server inherits it; its telemetry heartbeat also races the run for the SQLite lock.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if not os.environ.get("PREFECT_API_URL"):
         start_ephemeral_api(home / EPHEMERAL_LOG)
 

@@ -16,8 +16,8 @@ from verl_grpo.config import OrchestrationConfig
 
 # Ray resolves a node address of 127.0.0.1 to the machine's outward IP and binds its gRPC servers to all
 # interfaces unless "clusters" are disabled, which is what a single-machine local Ray wants anyway. Read when
-# ray is first imported, and inherited by the raylet and workers.
-_LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+# ray is first imported, and inherited by the raylet and workers. (Usage stats: verl_grpo.privacy.)
+_LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def task_runner(orchestration: OrchestrationConfig) -> TaskRunner:

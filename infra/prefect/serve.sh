@@ -15,8 +15,9 @@ export VERL_GRPO_HOME="${VERL_GRPO_HOME:-$REPO/.state}"
 export PREFECT_HOME="${PREFECT_HOME:-$VERL_GRPO_HOME/prefect}"
 export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
 export PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:///$PREFECT_HOME/prefect.db"
-export PREFECT_SERVER_ANALYTICS_ENABLED=false
-export MLFLOW_DISABLE_TELEMETRY=true
+# Telemetry and error reporting of every library off for the server, the MLflow UI, the worker and its flow runs
+# (verl_grpo/privacy.py; a variable already set wins).
+eval "$("$VENV/bin/python" -m verl_grpo.privacy)"
 # Flow runs link their MLflow run to this UI (tasks/reporting.py).
 export VERL_GRPO_MLFLOW_UI="http://127.0.0.1:$MLFLOW_PORT"
 # Flow-run processes send heartbeats, so the zombie-run automation can tell a dead run from a long one.

@@ -26,6 +26,7 @@ import httpx
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.privacy import quiet_env
 from verl_grpo.procs import pid_alive, runs_command, stop_process_groups
 from verl_grpo.retry import Backoff
 from verl_grpo.services import SERVICES, token_file_env
@@ -79,7 +80,7 @@ def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, datas
     if existing is not None:
         _terminate(existing)
     token_file = _write_token(sdir / TOKEN_FILE)
-    env = {**os.environ, token_file_env(cfg.services.token_env): str(token_file), "HF_HUB_OFFLINE": "1",
+    env = {**quiet_env(), **os.environ, token_file_env(cfg.services.token_env): str(token_file), "HF_HUB_OFFLINE": "1",
            STORE_URI_ENV: cfg.storage.uri, "PYTHONUNBUFFERED": "1"}
     env.pop(cfg.services.token_env, None)
     if cfg.storage.endpoint_url:

@@ -28,6 +28,7 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
+from verl_grpo.privacy import quiet_env
 from verl_grpo.services import SERVICES, ServiceSpec
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
@@ -222,7 +223,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
     """The SkyPilot task running `python -m verl_grpo.evaluate.vllm_runner SPEC_URI` for this run's held-out eval."""
     sp = cfg.skypilot
     accelerators, _ = eval_accelerators(cfg)
-    envs = {ENV_RUN_ID: run_id, ENV_STORE_URI: cfg.storage.uri, VENV_ENV: REMOTE_VENV}
+    envs = {**quiet_env(env), ENV_RUN_ID: run_id, ENV_STORE_URI: cfg.storage.uri, VENV_ENV: REMOTE_VENV}
     if cfg.storage.endpoint_url:
         envs[ENV_STORE_ENDPOINT] = cfg.storage.endpoint_url
         envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
@@ -265,7 +266,9 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     sp = cfg.skypilot
     if not cfg.infra.accelerators:
         raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
-    envs = {k: v for k, v in spec.env.items() if k not in {name for pair in MOUNTS for name in pair}}
+    mounted = {name for pair in MOUNTS for name in pair}
+    # The caller's telemetry settings travel with the task (verl_grpo.privacy); its secrets never do.
+    envs = {**quiet_env(env), **{k: v for k, v in spec.env.items() if k not in mounted}}
     envs["VERL_GRPO_RUN_ID"] = spec.run_id
     envs[VENV_ENV] = REMOTE_VENV
     if cfg.storage.endpoint_url:

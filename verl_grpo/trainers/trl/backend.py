@@ -24,6 +24,7 @@ from typing import Any
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
+from verl_grpo.privacy import quiet_env
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress, write_json_atomic
 from verl_grpo.trainers.trl import progress
@@ -204,7 +205,7 @@ class TrlTrainer:
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
     """Non-secret environment of the worker process."""
-    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env = {**quiet_env(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     if cfg.trainer.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(cfg.trainer.threads)
     return env

@@ -14,7 +14,9 @@ import sys
 import traceback
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+from verl_grpo.privacy import apply_quiet_env
+
+apply_quiet_env()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from transformers.utils import logging as hf_logging
