@@ -27,3 +27,9 @@ def tiny_overrides(tmp_path, tiny_model_dir):
         f"storage.uri=file://{tmp_path / 'store'}",
         f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlflow.db'}",
     ]
+
+
+@pytest.fixture(scope="session")
+def tiny_run() -> list[str]:
+    """TINY_RUN for a fixture wider than one test (one run whose output several tests check)."""
+    return list(TINY_RUN)
