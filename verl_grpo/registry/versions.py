@@ -7,9 +7,11 @@ table's Models column) and each registered version points at it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from mlflow.entities import LoggedModel, LoggedModelOutput, LoggedModelStatus
@@ -47,7 +49,7 @@ def _upload_hf_model(client: MlflowClient, experiment_id: str, mlflow_run_id: st
     # A card of our own keeps mlflow from looking the local path up on the Hugging Face hub.
     card = ModelCard(f"---\nlicense: other\nlibrary_name: transformers\n---\n# {title}\n\n"
                      "GRPO post-trained by verl-grpo. Load `model/` with AutoModelForCausalLM.from_pretrained.\n")
-    with tempfile.TemporaryDirectory(prefix="verl-grpo-mlflow-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="verl-grpo-mlflow-") as tmp, _no_license_warning():
         local = Path(tmp) / MODEL_NAME
         mlflow.transformers.save_model(transformers_model=str(model_dir), path=str(local), task="text-generation",
                                        model_card=card, pip_requirements=serving_requirements(),
@@ -55,6 +57,22 @@ def _upload_hf_model(client: MlflowClient, experiment_id: str, mlflow_run_id: st
                                                           model_uuid=model.model_id, model_id=model.model_id))
         client.log_model_artifacts(model.model_id, str(local))
     return client.finalize_logged_model(model.model_id, "READY")
+
+
+@contextlib.contextmanager
+def _no_license_warning() -> Iterator[None]:
+    """Drop mlflow.transformers' "Unable to find license information" warning: a trained model's license is its
+    base model's, which the card cannot know (hence `license: other`), and the user cannot act on the warning."""
+    logger = logging.getLogger("mlflow.transformers")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unable to find license information")
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def serving_requirements() -> list[str]:

@@ -44,6 +44,8 @@ def _outward(event: str, args: tuple):
     """The address or name `event` reaches beyond this machine, or None."""
     if event in _NAME_EVENTS:
         host = args[0] if args else None
+        if isinstance(host, bytes):
+            host = host.decode(errors="replace")
         return None if _local_host(host) else host
     address = args[1] if len(args) > 1 else None
     if not isinstance(address, tuple):  # AF_UNIX paths, sendmsg without an address
