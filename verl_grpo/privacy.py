@@ -16,8 +16,8 @@ import shlex
 from collections.abc import Mapping, MutableMapping
 
 QUIET_ENV: dict[str, str] = {
-    # The consoledonottrack.com convention: Prefect's client analytics, huggingface_hub, SkyPilot's Scarf ping
-    # (and vLLM on a cluster). MLflow accepts only "true" for it, hence its own switch below.
+    # The consoledonottrack.com convention: Prefect's client analytics, huggingface_hub, SkyPilot's Scarf ping.
+    # MLflow accepts only "true" for it, hence its own switch below.
     "DO_NOT_TRACK": "1",
     # The Prefect server's telemetry service; on the ephemeral API its heartbeat also raced the run for SQLite's
     # lock ("send_telemetry_heartbeat … database is locked"). Prefect's client reads it from the server too.
