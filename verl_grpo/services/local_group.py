@@ -80,8 +80,8 @@ def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, datas
     if existing is not None:
         _terminate(existing)
     token_file = _write_token(sdir / TOKEN_FILE)
-    env = {**quiet_env(), **os.environ, token_file_env(cfg.services.token_env): str(token_file), "HF_HUB_OFFLINE": "1",
-           STORE_URI_ENV: cfg.storage.uri, "PYTHONUNBUFFERED": "1"}
+    env = {**quiet_env(), **os.environ, token_file_env(cfg.services.token_env): str(token_file),
+           "HF_HUB_OFFLINE": "1", STORE_URI_ENV: cfg.storage.uri, "PYTHONUNBUFFERED": "1"}
     env.pop(cfg.services.token_env, None)
     if cfg.storage.endpoint_url:
         env[STORE_ENDPOINT_ENV] = cfg.storage.endpoint_url
