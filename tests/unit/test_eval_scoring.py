@@ -53,7 +53,8 @@ def test_sampled_responses_give_pass_and_majority():
 
 def test_eval_scores_two_different_final_answers_as_training_does():
     texts = ["<think>t</think><answer>18</answer>\n#### 12", "<think>t</think><answer>3</answer>\n#### 3.0",
-             "<think>t</think><answer>70,000</answer>\nThe answer is \\boxed{5}", "<think>t</think><answer>540</answer>"]
+             "<think>t</think><answer>70,000</answer>\nThe answer is \\boxed{5}",
+             "<think>t</think><answer>540</answer>"]
     greedy = [Generation(text, 5, True) for text in texts]
     table, _ = score_problems(problems(), ["p"] * 4, greedy, None, compute_score)
 
