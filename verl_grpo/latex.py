@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 _SHORT_BOXED = re.compile(r"[^\s$]+")
+_BOX = re.compile(r"\\boxed|\\fbox")
 
 
 def last_boxed(text: str) -> str | None:
@@ -17,6 +18,24 @@ def last_boxed(text: str) -> str | None:
     if idx < 0:
         return None
     start = idx + (len("\\boxed") if idx == boxed else len("\\fbox"))
+    return _box_content(text, start)[0]
+
+
+def all_boxed(text: str) -> list[str]:
+    """Contents of every `\\boxed{...}`/`\\fbox{...}` in order, as `last_boxed` reads each; a box inside
+    another box is part of the outer one's content."""
+    found: list[str] = []
+    pos = 0
+    while m := _BOX.search(text, pos):
+        content, end = _box_content(text, m.end())
+        if content is not None:
+            found.append(content)
+        pos = max(end, m.end())
+    return found
+
+
+def _box_content(text: str, start: int) -> tuple[str | None, int]:
+    """(content, end) of the box whose command ends at `start`; (None, start) when unreadable."""
     i = start
     while i < len(text) and text[i].isspace():
         i += 1
@@ -28,9 +47,10 @@ def last_boxed(text: str) -> str | None:
             elif text[j] == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[i + 1 : j]
-        return None
+                    return text[i + 1 : j], j + 1
+        return None, start
     if i > start:
         m = _SHORT_BOXED.match(text, i)
-        return m.group(0) if m else None
-    return None
+        if m:
+            return m.group(0), m.end()
+    return None, start

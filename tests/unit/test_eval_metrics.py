@@ -66,7 +66,8 @@ def test_sampled_metrics_over_problems():
         sampled_metrics([[("1", True)], [("1", True), ("2", False)]])
 
 
-def test_extract_answer_takes_the_last_block():
+def test_extract_answer_reads_one_answer_only():
     assert extract_answer("<think>x</think><answer> 12 </answer>") == "12"
-    assert extract_answer("<answer>1</answer> then <answer>2</answer>") == "2"
+    assert extract_answer("<answer>2</answer> then <answer> 2</answer>") == "2"
+    assert extract_answer("<answer>1</answer> then <answer>2</answer>") is None
     assert extract_answer("no block") is None

@@ -49,3 +49,16 @@ def test_sampled_responses_give_pass_and_majority():
     assert metrics["pass@1"] == pytest.approx((1 + 0.5 + 0 + 0.5) / 4)
     assert metrics["pass@2"] == 0.75
     assert metrics["maj@2"] == 0.5  # ties go to the first sample: right, right, wrong, wrong
+
+
+def test_eval_scores_two_different_final_answers_as_training_does():
+    texts = ["<think>t</think><answer>18</answer>\n#### 12", "<think>t</think><answer>3</answer>\n#### 3.0",
+             "<think>t</think><answer>70,000</answer>\nThe answer is \\boxed{5}",
+             "<think>t</think><answer>540</answer>"]
+    greedy = [Generation(text, 5, True) for text in texts]
+    table, _ = score_problems(problems(), ["p"] * 4, greedy, None, compute_score)
+
+    assert table["correct"].tolist() == [False, True, False, True]
+    assert pd.isna(table["pred"][0]) and table["pred"][1] == "3" and pd.isna(table["pred"][2])
+    training = [compute_score("gsm8k", text, g)["acc"] == 1.0 for text, g in zip(texts, GOLD, strict=True)]
+    assert table["correct"].tolist() == training

@@ -32,6 +32,12 @@ def fmt(answer: str, thinking: str = "Add them up.") -> str:
         ("so the total is \\boxed{7}", "7"),
         ("The answer is 42.", "42"),
         ("I had 3 apples and 5 pears.\n8", "8"),
+        (fmt("1,000") + "\n#### 1000.0", "1000"),  # one answer stated twice
+        ("#### 18\nThe answer is \\boxed{18.00}.\n18", "18"),
+        (fmt("18", thinking="The answer is 12? No: 3 * 6 = 18."), "18"),  # a candidate rejected in the reasoning
+        ("<think>The answer is 12? No.</think>\nThe answer is 18.", "18"),
+        ("Let's find the answer: add them.\n#### 18", "18"),  # a phrase without a number states nothing
+        ("The answer isn't 17.\n#### 18", "18"),
     ],
 )
 def test_correct_answers(response, truth):
@@ -47,6 +53,18 @@ def test_correct_answers(response, truth):
         (fmt("18.5"), "18"),
         ("I had 3 apples and 5 pears and 18 plums in total", "18"),  # never "the last number anywhere"
         ("<think>x</think><answer>12</answer><answer>18</answer>", "18"),  # two different final answers
+        (fmt("18") + "\nThe answer is 12", "18"),
+        (fmt("18") + "\n#### 12", "18"),
+        (fmt("18") + "\n\\boxed{12}", "18"),
+        (fmt("18") + "\n12", "18"),  # a final line
+        (fmt("\\boxed{12} \\boxed{18}"), "18"),
+        (fmt("18") + "\nThe answer is 12 or 18", "18"),
+        ("work\n#### 18\nThe answer is 12", "18"),
+        ("work\n#### 12\n#### 18", "18"),
+        ("work \\boxed{12} then \\boxed{18}", "18"),
+        ("\\boxed{18}\nThe answer is 12", "18"),
+        ("The answer is 12.\nThe answer is 18.", "18"),
+        ("The answer is 18.\n12", "18"),
         ("", "18"),
     ],
 )

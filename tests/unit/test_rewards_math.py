@@ -35,6 +35,33 @@ def test_wrong_answers(answer, truth):
     assert compute_score(fmt(answer), truth)["correctness"] == 0.0
 
 
+@pytest.mark.parametrize(
+    "response",
+    [
+        fmt("\\frac{1}{2}") + " \\boxed{3}",
+        fmt("\\boxed{3} or \\boxed{\\frac12}"),
+        "so \\boxed{3} and \\boxed{\\frac12}",
+        "<think>t</think><answer>3</answer><answer>\\frac12</answer>",
+        "\\boxed{\\frac12}" + fmt("3"),
+    ],
+)
+def test_two_different_final_answers_are_incorrect(response):
+    result = compute_score(response, "\\frac12")
+    assert result["correctness"] == 0.0 and result["pred"] == ""
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "<think>t</think><answer>\\frac12</answer><answer>0.5</answer>",  # one answer, two forms
+        fmt("\\frac{1}{2}") + " so \\boxed{0.5}",
+        "<think>Try \\boxed{3}: no.</think><answer>\\frac12</answer>",  # rejected in the reasoning
+    ],
+)
+def test_one_answer_stated_twice_is_correct(response):
+    assert compute_score(response, "\\frac12")["correctness"] == 1.0
+
+
 def test_fallback_to_last_boxed_without_answer_block():
     result = compute_score("so we get \\boxed{\\frac{1}{2}}.", "\\frac12")
     assert result["correctness"] == 1.0 and result["answer_format"] == 0.0

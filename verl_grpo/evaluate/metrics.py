@@ -6,12 +6,11 @@ Aggregation is pure (lists of dicts in, dict of floats out) so it is unit-tested
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from verl_grpo.formats import ANSWER_CLOSE, ANSWER_OPEN
+from verl_grpo.rewards.answers import answer_blocks
 
 CORRECT_KEY = "acc"
 """Key of the scorer's correctness value (1/True when the final answer is right)."""
@@ -20,13 +19,13 @@ FORMAT_KEYS = ("strict_format", "answer_format", "format")
 PRED_KEY = "pred"
 """Key of the scorer's extracted answer, when it reports one."""
 _NON_COMPONENT_KEYS = {"score", CORRECT_KEY, PRED_KEY}
-_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 
 def extract_answer(response: str) -> str | None:
-    """Text of the last <answer>…</answer> block, stripped; None when there is none."""
-    found = _ANSWER_RE.findall(response)
-    return found[-1].strip() if found else None
+    """Text of the response's <answer>…</answer> blocks, stripped, when they all say the same; None when there
+    is none or two differ (a response with two different answers must not vote for either in maj@k)."""
+    found = {block.strip() for block in answer_blocks(response)}
+    return found.pop() if len(found) == 1 else None
 
 
 def score_row(

@@ -1,8 +1,10 @@
 """GSM8K: numeric final answers, compared exactly as rationals (2.50 == 2.5, 3/4 == 0.75, 1,000 == 1000).
 
-Where the final answer comes from, in order: the answer block; else `#### n`, the last `\\boxed{}`,
-"the answer is n", or a final line holding exactly one number. Never "the last number anywhere".
-An answer that states several different numbers ("12 or 18") has no single value and is incorrect.
+The final answer is stated by the answer blocks, `#### n` lines, `\\boxed{}`, "the answer is n" phrases and a
+final line holding exactly one number (see rewards.answers); every statement must give the same value (1,000,
+1000 and 1000.0 are the same), so a response stating two different answers is incorrect, whatever their formats
+and order. Never "the last number anywhere". A statement of several different numbers ("12 or 18") has no
+single value and makes the response incorrect too; a "the answer is" phrase without any number states nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import re
 from fractions import Fraction
 
 from verl_grpo.errors import DataError
-from verl_grpo.latex import last_boxed
+from verl_grpo.latex import all_boxed, last_boxed
+from verl_grpo.rewards.answers import answer_blocks, answer_is_phrases, answer_regions, final_line, hash_answers
 from verl_grpo.rewards.common import (
     Response,
     answer_block_score,
@@ -37,8 +40,6 @@ _NUMBER = re.compile(
     r"(?:\s*/\s*(?P<den>\d+(?:\.\d+)?))?"
 )
 _PLAIN_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
-_HASHES = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS = re.compile(r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*([^\n]*)", re.I)
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|mathrm|textbf|mathbf)\s*\{([^{}]*)\}")
 
@@ -80,26 +81,30 @@ def single_value(text: str) -> Fraction | None:
 
 
 def extract_answer(r: Response) -> Fraction | None:
-    """The response's final numeric answer (see the module docstring for the order of sources)."""
-    if r.answer_blocks:
-        blocks = re.findall(r"<answer>(.*?)</answer>", r.text, re.S)
-        values = {single_value(b) for b in blocks}
-        return values.pop() if len(values) == 1 else None
-    text = r.text
-    for source in (_last_match(_HASHES, text), last_boxed(text), _last_match(_ANSWER_IS, text)):
-        if source is not None:
-            return single_value(source)
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    if lines:
-        found = numbers_in(lines[-1])
-        if len(found) == 1:
-            return found[0]
-    return None
+    """The response's one final numeric answer; None when it states none, or two different ones."""
+    values = set(stated_values(r.text))
+    return values.pop() if len(values) == 1 else None
 
 
-def _last_match(pattern: re.Pattern[str], text: str) -> str | None:
-    matches = pattern.findall(text)
-    return matches[-1] if matches else None
+def stated_values(text: str) -> list[Fraction | None]:
+    """The value of every final-answer statement (None for one without a single value), from the first
+    region of `text` that states any (see rewards.answers)."""
+    for region in answer_regions(text):
+        values = _values_in(region)
+        if values:
+            return values
+    return []
+
+
+def _values_in(text: str) -> list[Fraction | None]:
+    explicit = answer_blocks(text) + hash_answers(text) + all_boxed(text)
+    values = [single_value(t) for t in explicit]
+    values += [single_value(t) for t in answer_is_phrases(text) if numbers_in(t)]
+    line = final_line(text)
+    last = numbers_in(line) if line is not None else []
+    if len(last) == 1:
+        values.append(last[0])
+    return values
 
 
 def parse_ground_truth(ground_truth: object) -> Fraction:

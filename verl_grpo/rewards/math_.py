@@ -1,8 +1,10 @@
 """MATH: LaTeX final answers, judged equivalent to the ground truth by Math-Verify (`parse` + `verify`).
 
-The answer is the answer block's content (or, without one, the last `\\boxed{}`), with outer `$`,
-`\\(`/`\\[` delimiters removed and wrapped as `\\boxed{...}`, the form Math-Verify extracts most
-reliably; the ground truth is wrapped the same way.
+The final answer is stated by the answer blocks and every `\\boxed{}` (see rewards.answers); a block's answer
+is its last `\\boxed{}` when it has one, else its content, with outer `$`, `\\(`/`\\[` delimiters removed.
+Every statement must be the same answer by Math-Verify (`\\frac12` and `0.5` are), so a response stating two
+different answers is incorrect, whatever their formats and order. Answers and the ground truth are wrapped as
+`\\boxed{...}`, the form Math-Verify extracts most reliably.
 
 Math-Verify bounds its work with SIGALRM, which only works in the main thread. verl calls scorers
 from executor threads, so off the main thread the check runs in a small process pool with a timeout.
@@ -20,7 +22,8 @@ from functools import lru_cache
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from verl_grpo.errors import DataError
-from verl_grpo.latex import last_boxed
+from verl_grpo.latex import all_boxed, last_boxed
+from verl_grpo.rewards.answers import answer_blocks, answer_regions
 from verl_grpo.rewards.common import (
     Response,
     check_weights,
@@ -46,16 +49,26 @@ _PRED_TARGETS = (LatexExtractionConfig(), ExprExtractionConfig())
 
 
 def extract_answer(r: Response) -> str | None:
-    """The final answer as LaTeX (no delimiters, no `\\boxed`), or None."""
-    if r.answer_blocks:
-        blocks = {b.strip() for b in re.findall(r"<answer>(.*?)</answer>", r.text, re.S)}
-        if len(blocks) != 1:
-            return None
-        text = blocks.pop()
-    else:
-        text = last_boxed(r.text)
-        if text is None:
-            return None
+    """The one final answer as LaTeX (no delimiters, no `\\boxed`); None when it states none, an empty one,
+    or two different ones."""
+    answers = list(dict.fromkeys(stated_answers(r.text)))
+    if not answers or None in answers:
+        return None
+    first = answers[0]
+    return first if all(same_answer(first, other) for other in answers[1:]) else None
+
+
+def stated_answers(text: str) -> list[str | None]:
+    """Every final-answer statement, cleaned (None for an empty one), answer blocks first, from the first
+    region of `text` that states any (see rewards.answers)."""
+    for region in answer_regions(text):
+        found = answer_blocks(region) + all_boxed(region)
+        if found:
+            return [_clean(t) for t in found]
+    return []
+
+
+def _clean(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         text = boxed
@@ -64,6 +77,11 @@ def extract_answer(r: Response) -> str | None:
     if m:
         text = next(g for g in m.groups() if g is not None).strip()
     return text or None
+
+
+def same_answer(a: str, b: str) -> bool:
+    """Math-Verify equivalence either way round (it reads its first argument as the gold answer)."""
+    return is_equivalent(a, b)[0] or is_equivalent(b, a)[0]
 
 
 def boxed(latex: str) -> str:
