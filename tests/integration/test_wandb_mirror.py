@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from verl_grpo.config import load_config
 from verl_grpo.mirrors import RunMetrics, enabled_mirrors, send_all
@@ -29,8 +30,6 @@ def test_offline_mirror_logs_curves(monkeypatch, tmp_path):
     lines = [json.dumps({"step": s, "reward": 0.1 * s, "kl": 0.0}) for s in (1, 2, 3)]
     [result] = send_all(RunMetrics(cfg, "run-w", lines, {"eval/accuracy": 0.25}))
     assert result.ok and result.where, result
-    import os
-
     assert all(os.environ.get(k) == v for k, v in QUIET_ENV.items())  # set before wandb was imported
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.suffix == ".wandb" for p in files)
