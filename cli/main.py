@@ -90,6 +90,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  eval accuracy     {summary['accuracy']:.4f} on {summary['eval_split']}"
                f" (base {summary['base_accuracy']:.4f}, delta {delta:+.4f})")
     click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  ({summary['decision']})")
+    for line in summary.get("warnings", []):
+        click.secho(f"  warning           {line}", fg="yellow")
     click.echo(f"  checkpoint        {summary['checkpoint']}")
     click.echo(f"  final model       {summary['model_uri']}")
     click.echo(f"  run id            {summary['run_id']}  (config digest {summary['config_digest']})")
@@ -286,6 +288,24 @@ def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt
     if error is not None:
         raise error
     _print_where_to_look(summary, cfg)
+
+
+@main.command()
+@_config_options
+@click.option("--run-id", required=True, help="The registered run to send again.")
+@click.option("--to", "only", multiple=True, help="Only this mirror (wandb); repeatable. Default: every configured one.")
+@_user_errors
+def mirror(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str, only: tuple[str, ...]) -> None:
+    """Send a registered run's metrics to its optional mirrors again (W&B), e.g. after a mirror failed at registration."""
+    from verl_grpo.errors import InfraError
+    from verl_grpo.registry.mirroring import mirror_run
+
+    results = mirror_run(_load(configs, overrides), run_id, only)
+    for result in results:
+        if result.ok:
+            click.echo(f"{result.name}: {result.where}")
+    if failed := [r for r in results if not r.ok]:
+        raise InfraError("; ".join(f"{r.name} mirror failed: {r.reason}" for r in failed))
 
 
 @main.command()

@@ -74,6 +74,8 @@ def publish_summary(outcome: Outcome) -> dict:
     for line in [*outcome_lines(summary), *curve_lines(summary),
                  f"MLflow run: {url or mlflow_ui_command(cfg.tracking.mlflow_uri)}"]:
         logger.info(line)
+    for line in summary["warnings"]:
+        logger.warning(line)
     create_markdown_artifact(summary_markdown(summary, link), key="run-summary", description=f"verl-grpo run {run_id}")
     create_table_artifact(eval_table(report, base), key="eval-results",
                           description=f"{run_id}: {report.split} n={report.n}, base vs trained")

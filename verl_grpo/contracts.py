@@ -121,9 +121,23 @@ class EvalReport(_Record):
     """Hash of the eval settings (split, subset, generation params) used for caching and fair comparison."""
 
 
+class MirrorResult(_Record):
+    """How one optional mirror (verl_grpo.mirrors) fared with a registered run; a failure never fails the run."""
+
+    name: str
+    """The mirror (`wandb`)."""
+    ok: bool
+    where: str = ""
+    """Where the copy is (the W&B run URL, or its offline dir) when ok."""
+    reason: str = ""
+    """Why it failed, one line without secrets, when not ok."""
+
+
 class ModelVersion(_Record):
     name: str
     version: str
     aliases: list[str] = Field(default_factory=list)
     mlflow_run_id: str
     decision: str = ""
+    mirrors: list[MirrorResult] = Field(default_factory=list)
+    """The optional mirrors the registration sent the run to (none unless one is configured)."""

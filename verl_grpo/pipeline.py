@@ -32,9 +32,12 @@ ProgressSink = Callable[[TrainProgress], None]
 
 def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: str | None = None,
             fresh: bool = False) -> ResolvedRun:
-    """Load and validate the config, pick the run id (runs.begin_run: a given run id must exist unless fresh), and
-    store the run's resolved config: once per run."""
+    """Load and validate the config, check the optional mirrors' settings (mirrors.preflight), pick the run id
+    (runs.begin_run: a given run id must exist unless fresh), and store the run's resolved config: once per run."""
+    from verl_grpo import mirrors
+
     cfg = load_config(config_files, overrides)
+    mirrors.preflight()  # a bad WANDB_API_KEY fails here, not in the register step after the training was paid for
     prepare_local_state(cfg)
     store = Store.from_config(cfg.storage)
     run_id, resumed = runs.begin_run(store, cfg, run_id, fresh=fresh)

@@ -9,6 +9,7 @@ from pathlib import Path
 from verl_grpo.comparison import MetricChange
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.mirrors import warning_line
 from verl_grpo.reward_curve import curve_markdown, curve_text
 
 
@@ -34,6 +35,8 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "checkpoint": result.checkpoint.uri if result.checkpoint else "",
         "model_uri": result.model_uri,
         "mlflow_run_id": version.mlflow_run_id,
+        "mirrors": ", ".join(f"{m.name} {m.where if m.ok else 'FAILED'}" for m in version.mirrors),
+        "warnings": [warning_line(m, run_id) for m in version.mirrors if not m.ok],
         "warm_start": warm_start_line(result.summary),
         "reward_curve_png": curve_png,
         "reward_curve": curve,
@@ -74,14 +77,16 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
     """The flow run's summary artifact: outcome, base → trained per metric, the reward curve, the run's facts."""
     metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
                         for m in summary.get("metrics", []))
-    facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items() if k not in ("metrics", "reward_curve"))
+    facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items()
+                      if k not in ("metrics", "reward_curve", "warnings"))
+    warnings = "".join(f"**Warning:** {line}\n\n" for line in summary.get("warnings", []))
     curve = summary.get("reward_curve")
     learning = curve_markdown(curve) if curve else "No reward was logged per step."
     png = f"\n\nPNG: `{summary['reward_curve_png']}` (and `plots/reward_curve.png` of the MLflow run)" \
         if summary.get("reward_curve_png") else ""
     return (f"# verl-grpo run `{summary['run_id']}`\n\n"
             f"**Decision:** {summary['decision']}\n\n"
-            f"**Registered:** {summary['registered']} (aliases: {summary['aliases'] or '-'})\n\n"
+            f"**Registered:** {summary['registered']} (aliases: {summary['aliases'] or '-'})\n\n{warnings}"
             f"**MLflow run:** {mlflow_link}\n\n"
             f"| metric | base | trained | delta | p-value |\n|---|---|---|---|---|\n{metrics}\n\n"
             f"## Learning\n\n{learning}{png}\n\n"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
-from verl_grpo.errors import VerlGrpoError
+from verl_grpo.errors import ConfigError, VerlGrpoError
 from verl_grpo.models import MODEL_ALIASES, SMOLLM2_DIRNAME, SMOLLM2_HF_ID
 from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
@@ -20,7 +20,8 @@ class Check:
 
 
 def validate_run(cfg: RunConfig) -> list[Check]:
-    return [check_data(cfg), check_model(cfg), check_store(cfg), check_tracking(cfg), check_trainer(cfg)]
+    return [check_data(cfg), check_model(cfg), check_store(cfg), check_tracking(cfg), check_trainer(cfg),
+            check_mirrors()]
 
 
 def check_data(cfg: RunConfig) -> Check:
@@ -88,3 +89,17 @@ def check_trainer(cfg: RunConfig) -> Check:
     except VerlGrpoError as e:
         return Check("trainer", False, str(e))
     return Check("trainer", True, detail)
+
+
+def check_mirrors() -> Check:
+    """The optional mirrors the environment asks for (W&B: WANDB_API_KEY's shape and, where reachable, the login)."""
+    from verl_grpo import mirrors
+
+    try:
+        ready = mirrors.check()
+    except ConfigError as e:
+        return Check("mirrors", False, str(e))
+    if not ready:
+        return Check("mirrors", True, "none (set WANDB_API_KEY to mirror the metrics to W&B)")
+    return Check("mirrors", True, "; ".join(f"{name}: {r.detail}" + (" (warning)" if r.warning else "")
+                                            for name, r in ready.items()))

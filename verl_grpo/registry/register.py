@@ -17,7 +17,9 @@ from verl_grpo.comparison import read_table
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
+from verl_grpo.mirrors import RunMetrics
 from verl_grpo.registry import plots, tracking
+from verl_grpo.registry.mirroring import mirror_registered
 from verl_grpo.registry.lines import (
     BASE_MODEL_TAG,
     COMPARABILITY_TAG,
@@ -26,7 +28,6 @@ from verl_grpo.registry.lines import (
     run_line,
     version_line,
 )
-from verl_grpo.registry.wandb_mirror import mirror_to_wandb
 from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, OTHER_LINE, PROMOTED, Decision, decide
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.registry.versions import (
@@ -105,9 +106,6 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     summary = eval_summary(report, base_report)
     tracking.log_metrics(client, mlflow_run_id, {**summary, FINAL_STEP_METRIC: train.final_step}, step=train.final_step,
                          model_id=model.model_id)
-    wandb_url = mirror_to_wandb(cfg, run_id, tracking.read_lines(store, train.metrics_uri) or [], summary)
-    if wandb_url:
-        client.set_tag(mlflow_run_id, "wandb_url", wandb_url)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
 
     ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
@@ -117,11 +115,14 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion
         client.set_registered_model_alias(name, CHALLENGER, version.version)
     client.set_terminated(mlflow_run_id, "FINISHED")
+    # Last, once the version is registered: a mirror is best effort and its failure is a result, not an error.
+    mirrored = mirror_registered(client, mlflow_run_id,
+                                 RunMetrics(cfg, run_id, tracking.read_lines(store, train.metrics_uri) or [], summary))
     aliases = client.get_model_version(name, version.version).aliases
     log.info("registered %s v%s (%s) in %.1fs: %s", name, version.version, "new" if created else "existing",
              time.monotonic() - started, decision.reason)
     return ModelVersion(name=name, version=str(version.version), aliases=sorted(aliases), mlflow_run_id=mlflow_run_id,
-                        decision=decision.reason)
+                        decision=decision.reason, mirrors=mirrored)
 
 
 def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:

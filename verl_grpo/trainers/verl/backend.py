@@ -15,6 +15,7 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.checkpoints import sha256_file
 from verl_grpo.layout import dataset_dir, published_model_dir
+from verl_grpo.mirrors.wandb_mirror import quiet_wandb
 from verl_grpo.models import resolve_model
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers.protocol import TrainProgress
@@ -63,6 +64,7 @@ class VerlTrainer:
         overrides = verl_overrides(cfg, data_files, paths, run_id)
         self.last_validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
+        quiet_wandb(env)  # verl's wandb logger runs in these processes
         env.update(checkpoint_env(cfg.storage.uri, cfg.storage.endpoint_url, run_id, paths.checkpoint_dir,
                                   cfg.storage.keep_last))
         return TrainSpec(
