@@ -1,74 +1,43 @@
-"""Record every attempt to reach a non-loopback address (Python's socket audit events), in this process and in
-subprocesses (through a sitecustomize put first on their PYTHONPATH), so a test can assert that nothing left the host."""
+"""Record every attempt to reach beyond this machine (Python's socket audit events: a connect or send outside
+127.0.0.0/8 and ::1, a lookup of a non-local name), in this process and in every Python subprocess, so a test can
+assert that nothing left the host. One recorder: `egress_hook/sitecustomize.py`, which subprocesses load from their
+PYTHONPATH; this process uses the same address rules."""
 
 from __future__ import annotations
 
-import ipaddress
+import importlib.util
 import os
 import sys
 from pathlib import Path
 
-EVENTS = ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto")
+HOOK_DIR = Path(__file__).resolve().parent / "egress_hook"
+LOG_ENV = "VERL_GRPO_EGRESS_LOG"
 
-_SITECUSTOMIZE = '''
-import ipaddress, os, sys
 
-def _loopback(host):
-    if isinstance(host, bytes):
-        host = host.decode()
-    if host is None or host in ("localhost", ""):
-        return True
+def _load_recorder():
+    """The recorder module under its own name (it installs no hook here: LOG_ENV is not set for this import)."""
+    spec = importlib.util.spec_from_file_location("egress_recorder", HOOK_DIR / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.pop(LOG_ENV, None)
     try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
+        spec.loader.exec_module(module)
+    finally:
+        if saved is not None:
+            os.environ[LOG_ENV] = saved
+    return module
 
-def _hook(event, args, _log=os.environ["LOOPBACK_ONLY_LOG"]):
-    if event in ("socket.getaddrinfo", "socket.gethostbyname"):
-        host = args[0]
-    elif event in ("socket.connect", "socket.sendto"):
-        address = args[-1]
-        if not isinstance(address, tuple):
-            return  # a unix socket path
-        host = address[0]
-    else:
-        return
-    if not _loopback(host):
-        with open(_log, "a") as f:
-            f.write(f"{event} {host!r}\\n")
 
-sys.addaudithook(_hook)
-'''
-
+_recorder = _load_recorder()
 _outside: list[str] | None = None
-
-
-def is_loopback(host: object) -> bool:
-    if isinstance(host, bytes):
-        host = host.decode()
-    if host is None or host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
-    except ValueError:
-        return False
+_installed = False
 
 
 def _hook(event: str, args: tuple) -> None:
-    if _outside is None or event not in EVENTS:
+    if _outside is None or event not in _recorder._WATCHED:
         return
-    if event in ("socket.getaddrinfo", "socket.gethostbyname"):
-        host = args[0]
-    else:
-        address = args[-1]
-        if not isinstance(address, tuple):
-            return
-        host = address[0]
-    if not is_loopback(host):
-        _outside.append(f"{event} {host!r}")
-
-
-_installed = False
+    target = _recorder._outward(event, args)
+    if target is not None:
+        _outside.append(f"{event} {target!r}")
 
 
 def watch() -> list[str]:
@@ -87,10 +56,7 @@ def stop() -> None:
 
 
 def subprocess_env(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
-    """`env` with the recording sitecustomize first on PYTHONPATH; the log file it writes to (absent: nothing)."""
-    site = tmp_path / "loopback-site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    log = tmp_path / "non-loopback.log"
-    path = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    return {**env, "PYTHONPATH": path, "LOOPBACK_ONLY_LOG": str(log)}, log
+    """`env` with the recorder first on PYTHONPATH; the JSON-lines log it writes (absent: nothing went out)."""
+    log = tmp_path / "egress.jsonl"
+    path = os.pathsep.join(p for p in (str(HOOK_DIR), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path, LOG_ENV: str(log)}, log

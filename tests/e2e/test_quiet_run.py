@@ -2,7 +2,7 @@
 
 One tiny-model run through the real CLI in a child process, in a user's environment (none of the switches the
 product sets, no CI or pytest markers: MLflow and Prefect stay quiet in CI on their own, which would hide a
-missing switch). `egress_hook/sitecustomize.py`, first on PYTHONPATH, loads in every Python process of the run
+missing switch). `tests/egress_hook/sitecustomize.py` (tests/loopback_only.py), first on PYTHONPATH, loads in every Python process of the run
 (the CLI, Prefect's ephemeral API server, the trainer worker, anything they start) and records each attempt to
 reach an address outside 127.0.0.0/8 and ::1, or to look up a name that is not localhost.
 """
@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
+import loopback_only
 from verl_grpo.privacy import QUIET_ENV
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-HOOK_DIR = Path(__file__).resolve().parent / "egress_hook"
-EGRESS_LOG = "VERL_GRPO_EGRESS_LOG"
 # Variables by which MLflow or Prefect detect a CI or test run and switch their telemetry off by themselves.
 CI_MARKERS = {"CI", "GITHUB_ACTIONS", "GITLAB_CI", "CIRCLECI", "JENKINS_URL", "TRAVIS", "TF_BUILD", "BUILDKITE",
               "BITBUCKET_BUILD_NUMBER", "BITBUCKET_COMMIT", "CODEBUILD_BUILD_ARN", "CODEBUILD_BUILD_ID",
@@ -41,13 +40,12 @@ except OSError:
 """
 
 
-def _user_env(tmp: Path, log: Path) -> dict[str, str]:
+def _user_env(tmp: Path) -> tuple[dict[str, str], Path]:
+    """A user's environment with the recorder on (and the file it writes)."""
     drop = set(QUIET_ENV) | CI_MARKERS
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("PREFECT_", "PYTEST_"))}
-    path = [str(HOOK_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env.update(HOME=str(tmp / "home"), VERL_GRPO_HOME=str(tmp / "state"), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(path), **{EGRESS_LOG: str(log)})
-    return env
+    env.update(HOME=str(tmp / "home"), VERL_GRPO_HOME=str(tmp / "state"), PYTHONUNBUFFERED="1")
+    return loopback_only.subprocess_env(tmp, env)
 
 
 def _records(path: Path) -> list[dict]:
@@ -57,12 +55,12 @@ def _records(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def quiet_run(tmp_path_factory, tiny_model_dir, tiny_run):
     tmp = tmp_path_factory.mktemp("quiet-run")
-    log = tmp / "egress.jsonl"
+    env, log = _user_env(tmp)
     overrides = [*tiny_run, f"model.name={tiny_model_dir}"]
     args = [sys.executable, "-m", "cli", "run", "-c", "gsm8k", "-c", "local"]
     for override in overrides:
         args += ["-o", override]
-    done = subprocess.run(args, cwd=REPO, env=_user_env(tmp, log), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     return done, tmp, log
 
 
@@ -80,9 +78,9 @@ def test_no_connection_leaves_the_machine(quiet_run):
 def test_the_recorder_catches_a_grandchild_reaching_out(quiet_run, tmp_path):
     """The same environment, a deliberate attempt two processes down: the recorder sees it, so the test above
     can fail."""
-    log = tmp_path / "probe.jsonl"
+    env, log = _user_env(tmp_path)
     child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {PROBE!r}], check=True)"
-    subprocess.run([sys.executable, "-c", child], env=_user_env(tmp_path, log), check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", child], env=env, check=True, timeout=60)
     caught = {(r["event"], json.dumps(r["target"])) for r in _records(log)}
     assert caught == {("socket.connect", '["10.255.255.1", 9]'), ("socket.getaddrinfo", '"egress-probe.invalid"')}
     assert len(_records(Path(f"{log}.loaded"))) == 2

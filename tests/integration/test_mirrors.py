@@ -36,7 +36,7 @@ def wandb_down(monkeypatch, tmp_path):
     for var in [v for v in os.environ if v.startswith("WANDB_")]:
         monkeypatch.delenv(var)
     url = f"http://127.0.0.1:{_closed_port()}"
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow's own telemetry is another issue's item
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # as every entry point sets it (verl_grpo/privacy.py)
     monkeypatch.setenv("WANDB_API_KEY", GOOD_KEY)
     monkeypatch.setenv("WANDB_BASE_URL", url)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
@@ -50,7 +50,7 @@ def wandb_down(monkeypatch, tmp_path):
 def _cli(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     full, outside_log = loopback_only.subprocess_env(
-        tmp_path, {**base, "PYTHONPATH": REPO, "MLFLOW_DISABLE_TELEMETRY": "true", **env})
+        tmp_path, {**base, "PYTHONPATH": REPO, **env})
     done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=full, capture_output=True, text=True,
                           timeout=300)
     assert not outside_log.exists(), f"tried non-loopback addresses: {outside_log.read_text()}"
