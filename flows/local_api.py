@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from verl_grpo.errors import InfraError
-from verl_grpo.paths import ensure_dir, ensure_state_dir
+from verl_grpo.paths import ensure_dir, ensure_state_dir, prefect_home
 
 EPHEMERAL_LOG = "ephemeral-api.log"
 
@@ -22,8 +22,9 @@ EPHEMERAL_LOG = "ephemeral-api.log"
 
 def use_local_prefect() -> None:
     """Prepare Prefect's home and settings; start the ephemeral API unless PREFECT_API_URL names a server."""
-    state = ensure_state_dir()
-    home = ensure_dir(Path(os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))), "PREFECT_HOME")
+    ensure_state_dir()
+    home = ensure_dir(prefect_home(), "PREFECT_HOME")
+    os.environ["PREFECT_HOME"] = str(home)  # absolute: Prefect and its ephemeral API read it
     # The ephemeral server inherits it; its telemetry heartbeat also races the run for the SQLite lock.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if not os.environ.get("PREFECT_API_URL"):
