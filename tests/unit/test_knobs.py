@@ -102,6 +102,7 @@ def test_an_optional_field_is_unset_with_null_not_with_nothing():
     ("eval.limit=[1", "eval.limit (override 'eval.limit=[1')"),
     ("storage.keep_last=2.5", "storage.keep_last (override 'storage.keep_last=2.5')"),
     ("storage.uri=file://relative/store", "storage.uri (override 'storage.uri=file://relative/store')"),
+    ("tracking.mlflow_uri=sqlite:///mlflow.db", "tracking.mlflow_uri (override 'tracking.mlflow_uri=sqlite:///mlflow"),
 ])
 def test_an_override_that_does_not_parse_names_it(override, names):
     assert names in _error(overrides=[override], env={})
@@ -113,9 +114,11 @@ def test_a_blank_value_in_a_config_file_names_the_key(tmp_path):
     assert _error(files=[f], env={}).startswith("invalid config: model.name: must not be empty")
 
 
-def test_a_file_store_uri_gets_home_expanded():
-    cfg = load_config([], ["storage.uri=file://~/somewhere/store"], env={})
+def test_local_uris_get_home_expanded():
+    cfg = load_config([], ["storage.uri=file://~/somewhere/store", "tracking.mlflow_uri=sqlite:///~/m/mlflow.db"],
+                      env={})
     assert cfg.storage.uri.startswith("file:///") and cfg.storage.uri.endswith("/somewhere/store")
+    assert cfg.tracking.mlflow_uri.startswith("sqlite:////") and cfg.tracking.mlflow_uri.endswith("/m/mlflow.db")
 
 
 @pytest.mark.parametrize("args", [["-o", "model.name="], ["-o", "algorithm.lr= "], ["-o", "algorithm.rollouts=x"]])

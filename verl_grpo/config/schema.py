@@ -205,6 +205,17 @@ class TrackingConfig(_Section):
     promotion_p_value: float = Field(0.05, gt=0, le=1)
     """Alias `champion` moves only when the challenger is better with a paired (McNemar) p-value below this."""
 
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _absolute_sqlite(cls, uri: str) -> str:
+        if uri.startswith("sqlite:///"):
+            path = os.path.expanduser(uri.removeprefix("sqlite:///"))
+            if not os.path.isabs(path):  # MLflow would put it in whichever directory each process runs in
+                raise ValueError(f"a SQLite file needs an absolute path, e.g. sqlite:///{os.path.abspath(path)} "
+                                 "(sqlite:/// then /abs/file.db); a relative one would move with the working directory")
+            return f"sqlite:///{path}"
+        return uri
+
 
 class EvalConfig(_Section):
     split: Literal["test", "val"] = "test"
