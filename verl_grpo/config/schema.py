@@ -51,7 +51,8 @@ class DatasetConfig(_Section):
     name: DatasetName = "gsm8k"
     """Which task to train on: gsm8k, math or mbpp."""
     source: Literal["auto", "mirror", "hub"] = "auto"
-    """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub)."""
+    """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub; a
+    mirror named by mirror_dir or VERL_GRPO_DATA_MIRROR must be present)."""
     mirror_dir: str | None = None
     """Local mirror directory of this dataset; None means `<VERL_GRPO_DATA_MIRROR or ../shared/data>/<name>`."""
     hub_id: str | None = None
