@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -42,13 +41,14 @@ def _user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def _load(configs: tuple[str, ...], overrides: tuple[str, ...]):
-    """The config, checked before anything starts; the local directories it names exist afterwards."""
+def _load(configs: tuple[str, ...], overrides: tuple[str, ...], data: bool = False):
+    """The config, checked before anything starts; the local directories it names exist afterwards (and with
+    `data`, for a run, the data mirror it names holds the dataset)."""
     from verl_grpo.config import config_files, load_config
     from verl_grpo.pipeline import prepare_local_state
 
     cfg = load_config(config_files(configs), list(overrides))
-    prepare_local_state(cfg)
+    prepare_local_state(cfg, data=data)
     return cfg
 
 
@@ -72,7 +72,7 @@ def main(verbose: bool) -> None:
 @_user_errors
 def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None, fresh: bool) -> None:
     """Run the whole `verl-grpo` Prefect flow (ephemeral Prefect unless PREFECT_API_URL is set)."""
-    cfg = _load(configs, overrides)  # fail on a bad config or an unknown run id before Prefect starts
+    cfg = _load(configs, overrides, data=True)  # fail on a bad config or an unknown run id before Prefect starts
     if run_id:
         from verl_grpo import runs
         from verl_grpo.store import Store
@@ -240,7 +240,7 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
         raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
     if rehearse and (provider != "skypilot" or dry_run):
         raise ConfigError("--rehearse rehearses a SkyPilot launch: use it with --provider skypilot and without --dry-run")
-    cfg = _load(configs, overrides)
+    cfg = _load(configs, overrides, data=True)
     if rehearse:
         _rehearse(configs, overrides, cfg, preempt_at, fail_at)
         return
@@ -312,12 +312,12 @@ def mirror(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str, on
 @_user_errors
 def home() -> None:
     """Create the state dir and every directory the libraries expect in it; print where each thing lives."""
-    from verl_grpo.paths import data_mirror_dir, ensure_dir, model_cache_dir, state_dir
+    from verl_grpo.paths import data_mirror_dir, ensure_dir, model_cache_dir, prefect_home, state_dir
 
     cfg = _load((), ())  # creates the state dir, the store and the MLflow DB's directory
-    prefect_home = ensure_dir(Path(os.environ.get("PREFECT_HOME") or state_dir() / "prefect"), "PREFECT_HOME")
     for name, where in (("state dir (VERL_GRPO_HOME)", state_dir()), ("store", cfg.storage.uri),
-                        ("MLflow", cfg.tracking.mlflow_uri), ("Prefect home", prefect_home),
+                        ("MLflow", cfg.tracking.mlflow_uri),
+                        ("Prefect home", ensure_dir(prefect_home(), "PREFECT_HOME")),
                         ("model cache", model_cache_dir()), ("data mirror", data_mirror_dir())):
         click.echo(f"{name:27} {where}")
 

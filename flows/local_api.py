@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from verl_grpo.errors import InfraError
-from verl_grpo.paths import ensure_dir, ensure_state_dir
+from verl_grpo.paths import ensure_dir, ensure_state_dir, prefect_home
 
 EPHEMERAL_LOG = "ephemeral-api.log"
 EPHEMERAL_START_TIMEOUT_S = "60"
@@ -24,8 +24,9 @@ EPHEMERAL_START_TIMEOUT_S = "60"
 
 def use_local_prefect() -> None:
     """Prepare Prefect's home and settings; start the ephemeral API unless PREFECT_API_URL names a server."""
-    state = ensure_state_dir()
-    home = ensure_dir(Path(os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))), "PREFECT_HOME")
+    ensure_state_dir()
+    home = ensure_dir(prefect_home(), "PREFECT_HOME")
+    os.environ["PREFECT_HOME"] = str(home)  # absolute: Prefect and its ephemeral API read it
     # Prefect waits 20 s for its ephemeral API; a busy 2-core machine (a test run beside) can need longer. A server
     # that died is reported after this too, so it stays bounded.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_START_TIMEOUT_S)

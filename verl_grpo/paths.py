@@ -20,13 +20,37 @@ def repo_root() -> Path | None:
     return root if (root / "pyproject.toml").is_file() else None
 
 
+PATH_VARS = ("VERL_GRPO_HOME", "VERL_GRPO_MODEL_CACHE", "VERL_GRPO_DATA_MIRROR", "PREFECT_HOME")
+"""The env vars that name a directory of this machine (each has a default when unset)."""
+
+
+def env_path(var: str) -> Path | None:
+    """The absolute directory the env var `var` names (`~` expanded, relative to the working directory), None when
+    it is unset; set to nothing or to blanks it is a ConfigError naming it (an empty path would mean the working
+    directory)."""
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ConfigError(f"{var} is set but empty; unset it to use the default, or set it to a directory")
+    return Path(raw).expanduser().resolve()
+
+
+def pin_env_paths() -> None:
+    """Write the path env vars that are set back as absolute paths, so that a child process started in another
+    directory (a trainer, a service, Prefect's ephemeral API) resolves them to the same place."""
+    for var in PATH_VARS:
+        if (path := env_path(var)) is not None:
+            os.environ[var] = str(path)
+
+
 def state_dir() -> Path:
     """One git-ignored directory for every embedded default: store, MLflow DB, Prefect home, model cache.
 
     `VERL_GRPO_HOME` moves it; otherwise `<checkout>/.state`, or `~/.verl-grpo` for a non-editable install.
     """
-    if env := os.environ.get("VERL_GRPO_HOME"):
-        return Path(env).expanduser().resolve()
+    if env := env_path("VERL_GRPO_HOME"):
+        return env
     root = repo_root()
     return (root / ".state") if root else Path.home() / ".verl-grpo"
 
@@ -39,6 +63,8 @@ STATE_SUBDIRS = ("prefect", "store", "models", "work", "logs")
 def ensure_dir(path: Path, knob: str) -> Path:
     """Create `path` with its parents and check it is writable; else one ConfigError naming `knob` and the fix."""
     try:
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(20, "it is a file, not a directory")
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
@@ -50,12 +76,19 @@ def ensure_dir(path: Path, knob: str) -> Path:
 
 
 def ensure_state_dir() -> Path:
-    """The state dir and every directory under it that a library expects, created before any library runs."""
+    """The state dir and every directory under it that a library expects, created before any library runs; the
+    path env vars pinned to absolute paths (`pin_env_paths`)."""
+    pin_env_paths()
     root = ensure_dir(state_dir(), "VERL_GRPO_HOME")
     for sub in STATE_SUBDIRS:
-        (root / sub).mkdir(exist_ok=True)
+        ensure_dir(root / sub, "VERL_GRPO_HOME")
     ensure_dir(model_cache_dir(), "VERL_GRPO_MODEL_CACHE")
     return root
+
+
+def prefect_home() -> Path:
+    """Prefect's home: `PREFECT_HOME`, else `<state dir>/prefect`."""
+    return env_path("PREFECT_HOME") or state_dir() / "prefect"
 
 
 def ensure_local_dirs(uris: Mapping[str, str]) -> None:
@@ -84,8 +117,8 @@ def _check_sqlite(db: Path, key: str) -> None:
 
 def data_mirror_dir() -> Path:
     """Local mirror of public datasets: `VERL_GRPO_DATA_MIRROR`, else `../shared/data` beside the checkout."""
-    if env := os.environ.get("VERL_GRPO_DATA_MIRROR"):
-        return Path(env).expanduser().resolve()
+    if env := env_path("VERL_GRPO_DATA_MIRROR"):
+        return env
     root = repo_root() or Path.cwd()
     return (root.parent / "shared" / "data").resolve()
 
@@ -98,4 +131,4 @@ def configs_dir() -> Path:
 
 def model_cache_dir() -> Path:
     """Converted/built Hugging Face model directories, reused across runs."""
-    return Path(os.environ.get("VERL_GRPO_MODEL_CACHE", state_dir() / "models")).expanduser().resolve()
+    return env_path("VERL_GRPO_MODEL_CACHE") or state_dir() / "models"

@@ -38,17 +38,23 @@ def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: 
 
     cfg = load_config(config_files, overrides)
     mirrors.preflight()  # a bad WANDB_API_KEY fails here, not in the register step after the training was paid for
-    prepare_local_state(cfg)
+    prepare_local_state(cfg, data=True)
     store = Store.from_config(cfg.storage)
     run_id, resumed = runs.begin_run(store, cfg, run_id, fresh=fresh)
     return ResolvedRun(cfg=cfg, run_id=run_id, resumed=resumed)
 
 
-def prepare_local_state(cfg: RunConfig) -> None:
+def prepare_local_state(cfg: RunConfig, data: bool = False) -> None:
     """The state dir, and the local directories the config names (a `file://` store, a SQLite MLflow DB),
-    created before any library touches them; a path that cannot be made fails here in one line."""
+    created before any library touches them; a path that cannot be made fails here in one line. With `data`
+    (a run about to start), so does a data mirror that lacks the dataset (`check_mirror`)."""
+    from verl_grpo.data import BUILDERS
+    from verl_grpo.data.sources import check_mirror
+
     ensure_state_dir()
     ensure_local_dirs({"storage.uri": cfg.storage.uri, "tracking.mlflow_uri": cfg.tracking.mlflow_uri})
+    if data and cfg.dataset.source != "hub":
+        check_mirror(cfg.dataset, BUILDERS[cfg.dataset.name])
 
 
 def prepare(cfg: RunConfig) -> DatasetVersion:

@@ -26,18 +26,18 @@ def validate_run(cfg: RunConfig) -> list[Check]:
 
 def check_data(cfg: RunConfig) -> Check:
     from verl_grpo.data import BUILDERS
-    from verl_grpo.data.sources import resolve_mirror_dir
+    from verl_grpo.data.sources import mirror_knob, missing_mirror_message, resolve_mirror_dir
 
     folder = resolve_mirror_dir(cfg.dataset)
-    missing = [f for f in BUILDERS[cfg.dataset.name].mirror_files if not (folder / f).is_file()]
+    files = BUILDERS[cfg.dataset.name].mirror_files
+    missing = [f for f in files if not (folder / f).is_file()]
     if cfg.dataset.source == "hub":
         return Check("data", True, f"source hub ({cfg.dataset.hub_id or 'default id'}); needs network at prepare time")
     if not missing:
         return Check("data", True, f"mirror {folder}")
-    if cfg.dataset.source == "auto":
+    if cfg.dataset.source == "auto" and not mirror_knob(cfg.dataset):
         return Check("data", True, f"mirror {folder} lacks {', '.join(missing)}; will try the Hugging Face hub")
-    return Check("data", False, f"dataset.mirror_dir {folder} lacks {', '.join(missing)}; point dataset.mirror_dir "
-                 "at a copy of the dataset or set dataset.source=hub")
+    return Check("data", False, missing_mirror_message(cfg.dataset, folder, files, missing))
 
 
 def check_model(cfg: RunConfig) -> Check:

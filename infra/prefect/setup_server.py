@@ -20,6 +20,9 @@ from prefect.events.schemas.automations import AutomationCore
 from prefect.exceptions import ObjectNotFound
 from prefect.workers.process import ProcessWorker
 
+from verl_grpo.config.env import env_setting, non_negative_int
+from verl_grpo.errors import ConfigError
+
 HERE = Path(__file__).resolve().parent
 TRAIN_TAG = "verl-grpo-train"
 ZOMBIE_AUTOMATION = "verl-grpo-crash-zombie-runs"
@@ -59,7 +62,12 @@ def main() -> None:
     parser.add_argument("--pool", default="verl-grpo-local")
     parser.add_argument("--train-limit", type=int, default=1)
     parser.add_argument("--automations", type=Path, default=HERE / "automations.yaml")
-    parser.add_argument("--zombie-after", type=int, default=int(os.environ.get("VERL_GRPO_ZOMBIE_AFTER_S") or 0),
+    try:
+        zombie_after = env_setting("VERL_GRPO_ZOMBIE_AFTER_S", non_negative_int, 0,
+                                   "a whole number of seconds (0: the YAML's)")
+    except ConfigError as e:
+        sys.exit(f"error (ConfigError): {e}")
+    parser.add_argument("--zombie-after", type=int, default=zombie_after,
                         help="seconds without a heartbeat before a flow run is marked Crashed (default: the YAML's)")
     args = parser.parse_args()
     heartbeat = int(os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") or 0)

@@ -9,12 +9,13 @@ import difflib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from verl_grpo.config.schema import RunConfig
+from verl_grpo.config.schema import RunConfig, accepts_empty
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import configs_dir
 
@@ -50,24 +51,36 @@ def load_config(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> RunConfig:
-    """Merge files, env knobs and overrides into a validated RunConfig, or raise ConfigError."""
+    """Merge files, env knobs and overrides into a validated RunConfig, or raise ConfigError.
+
+    An env knob that is set must hold a value (unset it for the default); so must every `-o key=value`, except
+    for the fields that accept an empty string (`accepts_empty`). A value that does not parse as its field's type
+    fails naming the env var or override it came from.
+    """
     env = os.environ if env is None else env
     merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     for f in files:
         _deep_merge(merged, _read_yaml(resolve_config_path(f)))
     for var, key in ENV_KNOBS.items():
-        if env.get(var, "") != "":
-            _set_dotted(merged, key, _parse_scalar(env[var]), origin=f"env var {var}")
+        if var in env:
+            origin = f"env var {var}"
+            _set_dotted(merged, key, _parse_value(key, env[var], origin, f"unset {var} to use the default"), origin)
+            origins[key] = origin
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value, e.g. -o algorithm.rollouts=8")
-        _set_dotted(merged, key.strip(), _parse_scalar(raw), origin=f"override {item!r}")
+        origin = f"override {item!r}"
+        _check_path(key.split("."), origin)
+        _set_dotted(merged, key, _parse_value(key, raw, origin, "drop the override to use the default"), origin)
+        origins[key] = origin
     _check_keys(merged, RunConfig, prefix="")
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
+        raise ConfigError(_format_validation_error(e, origins)) from None
 
 
 def resolve_config_path(f: str | Path) -> Path:
@@ -95,11 +108,41 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _parse_scalar(raw: str) -> Any:
+def _parse_value(key: str, raw: str, origin: str, default_hint: str) -> Any:
+    """The value of an env knob or override: YAML for numbers, booleans, lists and `null`; the text as given for a
+    text field. Empty or whitespace-only is an error naming the knob, except for a field that accepts empty."""
+    field = _field(key.split("."))
+    if not raw.strip():
+        if accepts_empty(field):
+            return raw
+        null = "; `null` sets it to None" if _optional(field) else ""
+        raise ConfigError(f"{origin}: empty value for {key}; give a value or {default_hint}{null}")
+    if _is_text(field) and raw.strip() not in ("null", "~"):
+        return raw
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
         return raw
+
+
+def _field(parts: list[str]) -> FieldInfo | None:
+    model: type[BaseModel] | None = RunConfig
+    info = None
+    for part in parts:
+        if model is None or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _section_type(model, part)
+    return info
+
+
+def _optional(field: FieldInfo | None) -> bool:
+    return field is not None and type(None) in get_args(field.annotation)
+
+
+def _is_text(field: FieldInfo | None) -> bool:
+    """A plain text field (`str`, `str | None`): `MODEL_NAME=123` or `-o model.name=on` stays the text given."""
+    return field is not None and (field.annotation is str or set(get_args(field.annotation)) == {str, type(None)})
 
 
 def _deep_merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
@@ -155,11 +198,15 @@ def _unknown_key_message(prefix: str, key: str, model: type[BaseModel], origin: 
     return f"{origin}: unknown key {full!r}; {hint}valid keys here: {valid}"
 
 
-def _format_validation_error(e: ValidationError) -> str:
+def _format_validation_error(e: ValidationError, origins: Mapping[str, str]) -> str:
+    """One line per invalid value, naming the key and the env var or override it came from."""
     lines = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        source = next((origins[k] for k in sorted(origins, key=len, reverse=True)
+                       if loc == k or loc.startswith(f"{k}.")), None)
+        where = f"{loc} ({source})" if source else loc
         # a whole-config check names its own fields; echoing its input would print the entire config
-        lines.append(f"{loc}: {msg} (got {err.get('input')!r})" if loc else f"config: {msg}")
-    return "invalid config:\n  " + "\n  ".join(lines)
+        lines.append(f"{where}: {msg} (got {err.get('input')!r})" if loc else f"config: {msg}")
+    return "invalid config: " + lines[0] if len(lines) == 1 else "invalid config:\n  " + "\n  ".join(lines)

@@ -8,27 +8,51 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from verl_grpo.paths import state_dir
 
 DatasetName = Literal["gsm8k", "math", "mbpp"]
 
 
+ACCEPTS_EMPTY = {"accepts_empty": True}
+"""`json_schema_extra` of the few text fields where an empty string is a value of its own (documented per field)."""
+
+
+def accepts_empty(field: FieldInfo | None) -> bool:
+    extra = field.json_schema_extra if field is not None else None
+    return isinstance(extra, dict) and bool(extra.get("accepts_empty"))
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_blank_or_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty or whitespace-only text is no value (a file's `key: ""`, an env var set to nothing), and
+        `true`/`false` is no number (pydantic would read it as 1/0)."""
+        field = cls.model_fields[info.field_name]
+        if isinstance(value, str) and not value.strip() and not accepts_empty(field):
+            raise ValueError("must not be empty; give a value, or leave the key out for the default")
+        if isinstance(value, bool) and {int, float} & {field.annotation, *get_args(field.annotation)}:
+            raise ValueError("must be a number, not true/false")
+        return value
 
 
 class DatasetConfig(_Section):
     name: DatasetName = "gsm8k"
     """Which task to train on: gsm8k, math or mbpp."""
     source: Literal["auto", "mirror", "hub"] = "auto"
-    """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub)."""
+    """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub; a
+    mirror named by mirror_dir or VERL_GRPO_DATA_MIRROR must be present)."""
     mirror_dir: str | None = None
     """Local mirror directory of this dataset; None means `<VERL_GRPO_DATA_MIRROR or ../shared/data>/<name>`."""
     hub_id: str | None = None
@@ -37,8 +61,9 @@ class DatasetConfig(_Section):
     """Rows carved (seeded) from train into a validation split when the dataset ships none."""
     seed: int = 0
     """Seed of the validation carve and of any shuffling during preparation."""
-    system_prompt: str | None = None
-    """System prompt of every chat prompt; None means the dataset's default (reasoning + final-answer block)."""
+    system_prompt: str | None = Field(None, json_schema_extra=ACCEPTS_EMPTY)
+    """System prompt of every chat prompt; None means the dataset's default (reasoning + final-answer block), an
+    empty string (`-o dataset.system_prompt=`) sends no system message."""
     user_template: str = "{question}"
     """User message template; `{question}` is replaced by the problem text."""
 
@@ -162,6 +187,12 @@ class StorageConfig(_Section):
     def _scheme(cls, uri: str) -> str:
         if not (uri.startswith("file://") or uri.startswith("s3://")):
             raise ValueError("must start with file:// (an absolute local dir) or s3://bucket/prefix")
+        if uri.startswith("file://"):
+            path = os.path.expanduser(uri.removeprefix("file://"))
+            if not os.path.isabs(path):  # relative to whichever directory each process was started in
+                raise ValueError(f"file:// needs an absolute path, e.g. file://{os.path.abspath(path)} "
+                                 "(file:// then /abs/dir); a relative one would move with the working directory")
+            return f"file://{path}"
         return uri
 
 
@@ -174,6 +205,17 @@ class TrackingConfig(_Section):
     """Registered model name; None means `verl-grpo-<dataset>`."""
     promotion_p_value: float = Field(0.05, gt=0, le=1)
     """Alias `champion` moves only when the challenger is better with a paired (McNemar) p-value below this."""
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _absolute_sqlite(cls, uri: str) -> str:
+        if uri.startswith("sqlite:///"):
+            path = os.path.expanduser(uri.removeprefix("sqlite:///"))
+            if not os.path.isabs(path):  # MLflow would put it in whichever directory each process runs in
+                raise ValueError(f"a SQLite file needs an absolute path, e.g. sqlite:///{os.path.abspath(path)} "
+                                 "(sqlite:/// then /abs/file.db); a relative one would move with the working directory")
+            return f"sqlite:///{path}"
+        return uri
 
 
 class EvalConfig(_Section):

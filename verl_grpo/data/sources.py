@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,17 +71,46 @@ def resolve_mirror_dir(dcfg: DatasetConfig) -> Path:
     return data_mirror_dir() / dcfg.name
 
 
+def mirror_knob(dcfg: DatasetConfig) -> str | None:
+    """The setting that names this dataset's mirror (`dataset.mirror_dir`, `VERL_GRPO_DATA_MIRROR`), None for the
+    default place beside the checkout. A mirror the user named must be there, whatever `dataset.source` says."""
+    if dcfg.mirror_dir:
+        return "dataset.mirror_dir"
+    return "VERL_GRPO_DATA_MIRROR" if os.environ.get("VERL_GRPO_DATA_MIRROR") is not None else None
+
+
+def missing_mirror_message(dcfg: DatasetConfig, mirror: Path, files: tuple[str, ...], missing: list[str]) -> str:
+    """One line: which setting named the mirror, what it lacks, and the fix."""
+    state = ("lacks " + ", ".join(missing) if mirror.is_dir() else
+             "is not a directory" if mirror.exists() else "does not exist")
+    knob = mirror_knob(dcfg)
+    if knob == "VERL_GRPO_DATA_MIRROR":
+        where = f"VERL_GRPO_DATA_MIRROR={os.environ['VERL_GRPO_DATA_MIRROR']}: {mirror}"
+        fix = f"point VERL_GRPO_DATA_MIRROR at the directory holding {dcfg.name}/"
+    elif knob:
+        where, fix = f"dataset.mirror_dir {mirror}", "point dataset.mirror_dir at a copy of the data"
+    else:
+        where = f"the default data mirror {mirror}"
+        fix = f"set VERL_GRPO_DATA_MIRROR to the directory holding {dcfg.name}/ (or dataset.mirror_dir to a copy)"
+    return (f"dataset {dcfg.name}: {where} {state} (needs {', '.join(files)}); {fix}, "
+            "or set dataset.source=hub on a machine with network access")
+
+
+def check_mirror(dcfg: DatasetConfig, builder: DatasetBuilder) -> list[str]:
+    """The mirror files missing for a source that may fall back to the hub; DataError in one line when the mirror
+    must be there (`dataset.source=mirror`, or a mirror the user named)."""
+    mirror = resolve_mirror_dir(dcfg)
+    missing = [f for f in builder.mirror_files if not (mirror / f).is_file()]
+    if missing and (dcfg.source == "mirror" or (dcfg.source == "auto" and mirror_knob(dcfg))):
+        raise DataError(missing_mirror_message(dcfg, mirror, builder.mirror_files, missing))
+    return missing
+
+
 def load_raw(dcfg: DatasetConfig, builder: DatasetBuilder) -> RawSource:
     """Read the raw rows from where `dataset.source` says, or raise DataError with the fix."""
     mirror = resolve_mirror_dir(dcfg)
-    missing = [f for f in builder.mirror_files if not (mirror / f).is_file()]
+    missing = check_mirror(dcfg, builder)
     if dcfg.source == "mirror" or (dcfg.source == "auto" and not missing):
-        if missing:
-            raise DataError(
-                f"dataset {dcfg.name}: dataset.mirror_dir {str(mirror)!r} lacks {', '.join(missing)}; point "
-                f"dataset.mirror_dir (or VERL_GRPO_DATA_MIRROR for the parent dir) at a copy of the data, "
-                f"or set dataset.source=hub on a machine with network access"
-            )
         return read_mirror_source(mirror, builder)
     try:
         return read_hub_source(builder.hub_splits(dcfg.hub_id))
@@ -91,7 +121,8 @@ def load_raw(dcfg: DatasetConfig, builder: DatasetBuilder) -> RawSource:
             else f"a mirror exists at {str(mirror)!r}"
         )
         raise DataError(
-            f"dataset {dcfg.name}: loading from the Hugging Face hub failed ({type(e).__name__}: {e}) and {where}; "
+            f"dataset {dcfg.name}: loading from the Hugging Face hub failed ({type(e).__name__}: {' '.join(str(e).split())}) "
+            f"and {where}; "
             f"fix: set dataset.source=mirror with dataset.mirror_dir pointing at a copy holding "
             f"{', '.join(builder.mirror_files)}, or run where the hub is reachable (dataset.source=hub)"
         ) from e

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from verl_grpo.config.env import env_setting, non_negative_int, positive_float
 from verl_grpo.errors import DataError
 from verl_grpo.rewards.scoring import WEIGHTS, dataset_of
 from verl_grpo.rewards.trl_adapter import completion_text
@@ -53,7 +53,8 @@ def reward_item(data_source: Any, solution_str: str, ground_truth: Any, extra_in
 
 
 def _client_settings() -> dict[str, Any]:
-    return {"timeout_s": float(os.environ.get(TIMEOUT_ENV, 60)), "retries": int(os.environ.get(RETRIES_ENV, 4))}
+    return {"timeout_s": env_setting(TIMEOUT_ENV, positive_float, 60.0, "a number of seconds > 0"),
+            "retries": env_setting(RETRIES_ENV, non_negative_int, 4, "a whole number >= 0")}
 
 
 def _async_client() -> AsyncServiceClient:

@@ -1,0 +1,61 @@
+"""The env vars that are settings but no config field (reward client, nightly schedule, zombie timeout): unset keeps
+the default; empty, blank or unparseable fails in one line naming the variable."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flows.deploy_steps import flow_run_environment, nightly_schedule
+from verl_grpo.errors import ConfigError
+from verl_grpo.services.reward_client import RETRIES_ENV, TIMEOUT_ENV, _client_settings
+
+SETTINGS = {  # variable: (what reads it, bad values, a good value and what it reads as)
+    TIMEOUT_ENV: (lambda: _client_settings()["timeout_s"], ["soon", "0", "-1"], ("2.5", 2.5)),
+    RETRIES_ENV: (lambda: _client_settings()["retries"], ["many", "1.5", "-1"], ("0", 0)),
+    "VERL_GRPO_NIGHTLY_CRON": (lambda: nightly_schedule()["cron"], ["every night", "61 2 * * *"],
+                               ("30 1 * * *", "30 1 * * *")),
+    "VERL_GRPO_NIGHTLY_TZ": (lambda: nightly_schedule()["timezone"], ["Mars/Olympus", "../etc"],
+                             ("Europe/Berlin", "Europe/Berlin")),
+    "VERL_GRPO_NIGHTLY_ACTIVE": (lambda: nightly_schedule()["active"], ["maybe", "2"], ("false", False)),
+}
+DEFAULTS = {TIMEOUT_ENV: 60.0, RETRIES_ENV: 4, "VERL_GRPO_NIGHTLY_CRON": "0 2 * * *", "VERL_GRPO_NIGHTLY_TZ": "UTC",
+            "VERL_GRPO_NIGHTLY_ACTIVE": True}
+
+
+@pytest.fixture(autouse=True)
+def _unset(monkeypatch):
+    for var in SETTINGS:
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("var", list(SETTINGS))
+def test_unset_keeps_the_default_and_a_good_value_applies(var, monkeypatch):
+    read, _, (raw, expected) = SETTINGS[var]
+    assert read() == DEFAULTS[var]
+    monkeypatch.setenv(var, raw)
+    assert read() == expected
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize("var", list(SETTINGS))
+def test_empty_is_one_line_naming_the_variable(var, value, monkeypatch):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=rf"^{var} is set but empty; unset it to use the default") as err:
+        SETTINGS[var][0]()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("var, value", [(var, bad) for var, (_, bads, _) in SETTINGS.items() for bad in bads])
+def test_a_value_that_does_not_parse_is_one_line_naming_the_variable(var, value, monkeypatch):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=rf"^{var}={re.escape(repr(value))} is not ") as err:
+        SETTINGS[var][0]()
+    assert "\n" not in str(err.value)
+
+
+def test_deploying_checks_the_schedule_first(monkeypatch):
+    monkeypatch.setenv("VERL_GRPO_NIGHTLY_CRON", " ")
+    with pytest.raises(ConfigError, match="^VERL_GRPO_NIGHTLY_CRON is set but empty"):
+        flow_run_environment()
