@@ -121,7 +121,8 @@ def test_shard_positions_deal_whole_longest_first_batches():
 def test_shards_and_runner_settings_are_checked():
     with pytest.raises(ConfigError, match=r"eval: shards=2 needs samples=0.*eval.shards=1 or eval.samples=0"):
         load_config([], ["eval.shards=2", "eval.samples=4"], env={})
-    with pytest.raises(ConfigError, match=r"orchestration.ray_address: must be `auto` or .*ray://"):
+    named = r"orchestration.ray_address \(override 'orchestration.ray_address=head:6379'\)"
+    with pytest.raises(ConfigError, match=named + r": must be `auto` or .*ray://"):
         load_config([], ["orchestration.task_runner=ray", "orchestration.ray_address=head:6379"], env={})
     with pytest.raises(ConfigError, match="only used with task_runner=ray"):
         load_config([], ["orchestration.ray_address=auto"], env={})

@@ -244,11 +244,14 @@ def _existing(path: Path) -> Path:
 
 def _job_record(path: Path) -> JobRecord:
     job = _read_json(path / "job.json")
+    # Liveness first, state second: a controller writes its terminal state before it exits, so one
+    # that exits between the two reads is seen as finished, never as dead.
+    alive = _controller_alive(path)
     state = _read_json(path / "state.json")
     status = state["status"]
     failure_reason = state.get("failure_reason")
     terminal = MANAGED_TERMINAL if job.get("kind") == "managed" else CLUSTER_TERMINAL
-    if status not in terminal and not _controller_alive(path):
+    if status not in terminal and not alive:
         _reap()
         (path / "secrets.json").unlink(missing_ok=True)  # the job has ended: its controller cannot clean up
         if (path / "cancel_requested").exists():  # killed by the cancel before it could handle it
