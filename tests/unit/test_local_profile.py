@@ -1,0 +1,52 @@
+"""`-c <dataset> -c local` (what `make run` uses) resolves to the CPU run it resolved to before the dataset configs
+gained their GPU defaults (Qwen models, H100 shapes, spot, verl batch sizes): the values below (every training and eval
+setting: dataset, model, algorithm, trainer, warm_start, infra, eval, verl) were resolved on main before that change. A dataset config that sets something local.yaml does not undo fails here."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_grpo.config import load_config
+
+CPU_RUN = {
+    "dataset.source": "auto", "dataset.mirror_dir": None, "dataset.hub_id": None, "dataset.val_size": 200,
+    "dataset.seed": 0, "dataset.system_prompt": None, "dataset.user_template": "{question}",
+    "model.name": "smollm2-135m", "model.dtype": "float32",
+    "algorithm.rollouts": 4, "algorithm.clip_low": 0.2, "algorithm.clip_high": 0.28,
+    "algorithm.loss_agg_mode": "token-mean", "algorithm.kl_coef": 0.0, "algorithm.lr": 5e-06,
+    "algorithm.temperature": 1.0, "algorithm.top_p": 1.0, "algorithm.top_k": -1,
+    "algorithm.max_response_length": 128, "algorithm.train_batch_size": 2, "algorithm.total_steps": 6,
+    "algorithm.save_freq": 2, "algorithm.seed": 42,
+    "trainer.backend": "trl", "trainer.micro_batch_size": None, "trainer.threads": 2, "trainer.logging_steps": 1,
+    "trainer.no_signal_steps": 3, "trainer.stop_on_no_signal": False,
+    "warm_start.enabled": True, "warm_start.steps": 40, "warm_start.batch_size": 4, "warm_start.lr": 5e-05,
+    "warm_start.max_response_tokens": 96,
+    "infra.provider": "local", "infra.accelerators": None, "infra.nodes": 1, "infra.spot": False,
+    "eval.split": "test", "eval.limit": 20, "eval.batch_size": 10, "eval.max_new_tokens": 128, "eval.seed": 0,
+    "eval.samples": 0, "eval.temperature": None, "eval.top_p": None, "eval.threads": None, "eval.shards": 1,
+    "verl.adv_estimator": "grpo", "verl.rollout_engine": "vllm", "verl.gpu_memory_utilization": 0.6,
+    "verl.rollout_tp": 1, "verl.n_gpus_per_node": None, "verl.strategy": "fsdp2", "verl.megatron_tp": 1,
+    "verl.megatron_pp": 1, "verl.lora_rank": 0, "verl.lora_alpha": 16, "verl.ppo_mini_batch_size": None,
+    "verl.micro_batch_size_per_gpu": 4, "verl.critic_lr": 1e-05, "verl.test_freq": 5, "verl.extra_overrides": [],
+}
+PER_DATASET = {
+    "gsm8k": {"dataset.name": "gsm8k", "algorithm.max_prompt_length": 512},
+    "math": {"dataset.name": "math", "algorithm.max_prompt_length": 1024},
+    "mbpp": {"dataset.name": "mbpp", "algorithm.max_prompt_length": 768},
+}
+
+
+@pytest.mark.parametrize("dataset", sorted(PER_DATASET))
+def test_the_cpu_profile_resolves_to_the_same_run_as_before(dataset):
+    flat = load_config([dataset, "local"], env={}).flat()
+    expected = {**CPU_RUN, **PER_DATASET[dataset]}
+    resolved = {key: flat.get(key, "<missing>") for key in expected}
+    assert resolved == expected
+
+
+@pytest.mark.parametrize("dataset", sorted(PER_DATASET))
+def test_the_cluster_configs_name_a_gpu_shape_and_a_qwen_model(dataset):
+    cfg = load_config([dataset], env={})
+    assert cfg.model.name.startswith("Qwen/Qwen2.5-") and cfg.model.name.endswith("-Instruct")
+    assert cfg.infra.accelerators and cfg.infra.accelerators.startswith("H100:")
+    assert cfg.infra.spot and cfg.infra.nodes == 1
