@@ -240,7 +240,8 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
         raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
     if rehearse and (provider != "skypilot" or dry_run):
         raise ConfigError("--rehearse rehearses a SkyPilot launch: use it with --provider skypilot and without --dry-run")
-    cfg = _load(configs, overrides, data=True)
+    # On SkyPilot the dry run (which a real launch runs first) reports missing data among all its other checks.
+    cfg = _load(configs, overrides, data=provider != "skypilot" or rehearse)
     if rehearse:
         _rehearse(configs, overrides, cfg, preempt_at, fail_at)
         return

@@ -55,6 +55,13 @@ def key_problem(key: str) -> str | None:
     return check_api_key(key)
 
 
+def require_key_shape(env: Mapping[str, str]) -> None:
+    """ConfigError naming WANDB_API_KEY when it is set and not shaped like a W&B key (no network call)."""
+    key = env.get(API_KEY_ENV, "")
+    if key and (problem := key_problem(key)):
+        raise ConfigError(f"{API_KEY_ENV} is not a W&B API key ({problem}); {KEY_FIX}")
+
+
 @dataclass(frozen=True)
 class Login:
     status: Literal["ok", "rejected", "unreachable"]
@@ -110,8 +117,7 @@ class WandbMirror:
 
     def preflight(self, env: Mapping[str, str]) -> Readiness:
         key = env.get(API_KEY_ENV, "")
-        if key and (problem := key_problem(key)):
-            raise ConfigError(f"{API_KEY_ENV} is not a W&B API key ({problem}); {KEY_FIX}")
+        require_key_shape(env)
         if env.get(MODE_ENV, "") in OFFLINE_MODES:
             return Readiness(f"offline ({MODE_ENV}={env[MODE_ENV]}): runs are written locally, nothing is sent")
         login = check_login(key, base_url(env))

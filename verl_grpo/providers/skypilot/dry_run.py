@@ -1,10 +1,14 @@
-"""`verl-grpo launch --provider skypilot --dry-run`: every offline check, the YAML and a cost table; launches nothing.
+"""`verl-grpo launch --provider skypilot --dry-run`: every check the launch makes, the YAML and a cost table;
+launches nothing. A real launch runs it first too.
 
-Checks, each with the tool's own message on failure (ConfigError): verl overrides against verl's Hydra
-config + validate_config, the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery
-strategy against SkyPilot's registry, the accelerators of both against SkyPilot's catalog (local copy,
-`~/.sky/catalogs/v8`), and a lower-bound GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local
-rehearsal cannot reproduce).
+Checks (all of them run; DryRunFailed lists every failure, one line each naming the key and the fix): the store is
+S3 (the same `require_remote_store` the provider calls), storage.endpoint_url accepts a TCP connection, the AWS
+credentials the tasks get are in the environment, WANDB_API_KEY's shape, model.name is an HF id / alias / local
+model, the data splits are in the mirror (checks.py); verl overrides against verl's Hydra config + validate_config,
+the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery strategy against SkyPilot's
+registry, the accelerators of both against SkyPilot's catalog (local copy, `~/.sky/catalogs/v8`), and a lower-bound
+GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce). infra.spot is
+turned off, with a warning, where no catalog offer sells spot (checks.spot_choice, as the provider does).
 """
 
 from __future__ import annotations
@@ -13,15 +17,24 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import DatasetVersion
-from verl_grpo.errors import ConfigError
+from verl_grpo.contracts import Cluster, DatasetVersion
+from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.providers.skypilot import templates
+from verl_grpo.providers.skypilot.checks import (
+    check_data,
+    check_model_name,
+    check_store_credentials,
+    check_store_endpoint,
+    check_wandb_key,
+    require_remote_store,
+    with_spot_choice,
+)
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.paths import data_mirror_dir
 from verl_grpo.layout import dataset_dir, eval_spec
@@ -57,11 +70,14 @@ class DryRunReport:
     yamls: dict[str, str]
     """Training task (or job-group) name → rendered YAML, and `eval` → the held-out eval task's YAML."""
     checks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the launch does differently from the config (e.g. on-demand where no spot is sold), one line each."""
     costs: list[CostLine] = field(default_factory=list)
     seconds: float = 0.0
 
     def render(self) -> str:
         lines = [f"# {name}\n{text}" for name, text in self.yamls.items()]
+        lines += [f"warning: {w}" for w in self.warnings]
         lines.append("Checks passed:")
         lines += [f"  - {c}" for c in self.checks]
         lines.append("Cost estimate (catalog price x nodes x hours):")
@@ -75,7 +91,7 @@ class DryRunReport:
 
 def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str, str] | None = None,
             check_reward: bool = True) -> DryRunReport:
-    """Validate everything that can be checked without a cloud; ConfigError names the first failure."""
+    """Run every check the launch makes; DryRunFailed lists every failure, one line each, when any fails."""
     start = time.perf_counter()
     if cfg.trainer.backend not in SkyPilotProvider.backends:
         raise ConfigError(f"the skypilot provider runs the {' or '.join(SkyPilotProvider.backends)} backend; set "
@@ -85,33 +101,88 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
 
         boundary = real
     env = os.environ if env is None else env
+    report = DryRunReport(yamls={})
+    checks = _Checks(report)
+    checks.run(require_remote_store, cfg)
+    checks.run(check_store_endpoint, cfg)
+    checks.run(check_store_credentials, env)
+    checks.run(check_wandb_key, env)
+    checks.run(check_model_name, cfg)
+    checks.run(check_data, cfg)
+    if cfg.infra.accelerators:
+        seed_catalog_cache(boundary)
+        cfg, warning = with_spot_choice(cfg, boundary)
+        report.warnings += [warning] if warning else []
     provider = SkyPilotProvider(boundary=boundary, env=env)
-    cluster = provider.up(cfg, DRY_RUN_ID)
+    cluster = checks.run(provider.up, cfg, DRY_RUN_ID, line=False)
+    if cluster is not None:
+        checks.run(_render_training, cfg, boundary, env, cluster, check_reward, report)
+    checks.run(_check_recovery_strategy, cfg, boundary)
+    if cfg.infra.accelerators:
+        costs = checks.run(estimate_cost, cfg, boundary, line=False)
+        if costs is not None:
+            report.costs = costs
+            report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
+                                 f"({', '.join(sorted({c.cloud for c in report.costs}))})")
+            checks.run(check_eval_task, cfg, boundary, env, report.yamls)
+        checks.run(check_gpu_memory, cfg)
+    report.seconds = time.perf_counter() - start
+    if checks.failures:
+        raise DryRunFailed(checks.failures)
+    return report
+
+
+class DryRunFailed(ConfigError):
+    """One or more dry-run checks failed; the message has one line per failure (key and fix)."""
+
+    def __init__(self, failures: list[str]):
+        self.failures = failures
+        n = len(failures)
+        super().__init__(f"the dry run found {n} problem{'s' if n > 1 else ''} (nothing was launched):\n"
+                         + "\n".join(f"  - {f}" for f in failures))
+
+
+class _Checks:
+    """Runs each check, keeping its line(s) on success and its one-line message on a ConfigError/DataError, so the
+    dry run reports every failure instead of the first."""
+
+    def __init__(self, report: DryRunReport):
+        self.report = report
+        self.failures: list[str] = []
+
+    def run(self, check: Callable, *args, line: bool = True):
+        try:
+            out = check(*args)
+        except (ConfigError, DataError) as e:
+            self.failures.append(" ".join(str(e).split()))
+            return None
+        if line:
+            self.report.checks += [out] if isinstance(out, str) else list(out)
+        return out
+
+
+def _render_training(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], cluster: Cluster,
+                     check_reward: bool, report: DryRunReport) -> list[str]:
+    """verl's compose + validation of the run's overrides, then the rendered task through SkyPilot's loaders."""
     store = Store.from_config(cfg.storage)
     trainer = VerlTrainer(check_reward=check_reward, ship_models=False)
     spec = trainer.plan(cfg, _planned_dataset(cfg, store), store, DRY_RUN_ID, cluster)
-    report = DryRunReport(yamls={})
-    report.checks += trainer.last_validation.checks if trainer.last_validation else []
-
+    lines = list(trainer.last_validation.checks) if trainer.last_validation else []
     rendered = templates.render(cfg, spec, env)
     report.yamls[rendered.name] = rendered.yaml
     try:
         loaded = boundary.load_job_group(rendered.yaml) if rendered.is_job_group else boundary.load_task(rendered.yaml)
     except Exception as e:
         raise ConfigError(f"SkyPilot rejected the rendered {rendered.shape} YAML: {e}") from e
-    report.checks.append(f"SkyPilot loads the {rendered.shape} YAML ({_describe(loaded)})")
+    return [*lines, f"SkyPilot loads the {rendered.shape} YAML ({_describe(loaded)})"]
+
+
+def _check_recovery_strategy(cfg: RunConfig, boundary: ModuleType) -> str:
     try:
         boundary.check_recovery_strategy(cfg.skypilot.recovery_strategy)
     except ValueError as e:
         raise ConfigError(f"skypilot.recovery_strategy: {e}") from e
-    report.checks.append(f"recovery strategy {cfg.skypilot.recovery_strategy} is registered in SkyPilot")
-    report.costs = estimate_cost(cfg, boundary)
-    report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
-                         f"({', '.join(sorted({c.cloud for c in report.costs}))})")
-    report.checks += check_eval_task(cfg, boundary, env, report.yamls)
-    report.checks.append(check_gpu_memory(cfg))
-    report.seconds = time.perf_counter() - start
-    return report
+    return f"recovery strategy {cfg.skypilot.recovery_strategy} is registered in SkyPilot"
 
 
 def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str]) -> list[str]:

@@ -19,6 +19,7 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot import templates
+from verl_grpo.providers.skypilot.checks import require_remote_store, with_spot_choice
 from verl_grpo.layout import run_config
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 
@@ -95,8 +96,7 @@ class SkyPilotProvider:
 
     def submit(self, cluster: Cluster, spec: TrainSpec) -> Job:
         """Reattach to a live job named for this run, else render, validate and launch a new one."""
-        cfg = run_config_of(cluster)
-        _require_remote_store(cfg)
+        cfg = self._as_rendered(run_config_of(cluster))
         return self._launch(cfg, templates.job_name(spec.run_id), lambda: templates.render(cfg, spec, self.env))
 
     def submit_eval(self, cfg: RunConfig, run_id: str, model_uri: str, dataset: DatasetVersion) -> Job:
@@ -105,7 +105,7 @@ class SkyPilotProvider:
         The task reads the model and the dataset from the store and writes the per-problem table and the
         EvalReport back (`runs/{run_id}/eval/{split}.json`); poll it with status/logs like a training job.
         """
-        _require_remote_store(cfg)
+        cfg = self._as_rendered(cfg)
         if model_uri.startswith("file://") or Path(model_uri).exists():
             raise ConfigError(f"model {model_uri!r} is on this machine, out of the eval task's reach; evaluate the "
                               f"run's model in the store ({cfg.storage.uri}/runs/<run_id>/model)")
@@ -118,6 +118,14 @@ class SkyPilotProvider:
             return templates.render_eval(cfg, run_id, write_spec(spec, Store.from_config(cfg.storage)), self.env)
 
         return self._launch(cfg, templates.eval_job_name(run_id), render)
+
+    def _as_rendered(self, cfg: RunConfig) -> RunConfig:
+        """The checks a launch makes before rendering (remote store), and cfg with spot only where it is sold."""
+        require_remote_store(cfg)
+        cfg, warning = with_spot_choice(cfg, self.sky)
+        if warning:
+            log.warning(warning)
+        return cfg
 
     def status(self, job: Job) -> JobState:
         if (cj := _cluster_job(job)) is not None:
@@ -237,14 +245,6 @@ def _cluster_job(job: Job) -> tuple[str, int] | None:
     """(cluster, job id) of a job started with `sky exec`; None for a managed job."""
     cluster, sep, job_id = job.id.rpartition(_CLUSTER_JOB_SEP)
     return (cluster, int(job_id)) if sep else None
-
-
-def _require_remote_store(cfg: RunConfig) -> None:
-    if not cfg.storage.uri.startswith("s3://"):
-        raise ConfigError(f"storage.uri {cfg.storage.uri!r} is on this machine, out of the cluster's reach: the verl "
-                          "task writes checkpoints, the model and train_result.json to the store, the eval task "
-                          "reads the model and writes its report there. Set storage.uri "
-                          "to s3://bucket/prefix (and storage.endpoint_url for MinIO/R2)")
 
 
 def _secrets_for(rendered: templates.RenderedTask, cfg: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
