@@ -13,13 +13,17 @@ from verl_grpo.config import load_config
 from verl_grpo.contracts import DatasetVersion, TrainSpec
 from verl_grpo.layout import run_config
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
-from verl_grpo.providers.skypilot.boundary import JobRecord
+from verl_grpo.providers.skypilot.boundary import JobRecord, Offer
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.store import Store
 
 
 class FakeSky:
-    """Scripted managed-jobs controller: each queue() call advances the job through `script`."""
+    """Scripted managed-jobs controller: each queue() call advances the job through `script`. Its catalog answers
+    `offers` for any accelerators; `catalog_root` holds no local catalog unless a test points it at one."""
+
+    catalog_root = "/nonexistent/sky-catalogs"
+    offers = (Offer("aws", "p5.48xlarge", 98.32, 39.33),)
 
     def __init__(self, script=(("RUNNING", 0, None), ("SUCCEEDED", 0, None)), launch_error=None):
         self.script = list(script)
@@ -53,6 +57,12 @@ class FakeSky:
 
     def is_no_cloud_access(self, exc):
         return isinstance(exc, NoCloud)
+
+    def catalog_dir(self):
+        return str(self.catalog_root)
+
+    def catalog_offers(self, accelerator, count, cloud, region, clouds):
+        return list(self.offers), []
 
 
 class NoCloud(Exception):
@@ -118,6 +128,21 @@ def test_success_launches_once_with_the_run_name_and_secret_values_in_memory_onl
     assert secrets == {"WANDB_API_KEY": "sekret"} and "sekret" not in yaml_str
     assert [s.phase for s in _poll(provider, job)] == ["RUNNING", "SUCCEEDED"]
     assert list(provider.logs(job)) == ["job 1 step 1", "job 1 step 2"]
+
+
+@pytest.mark.parametrize("offers, use_spot", [
+    ((Offer("lambda", "gpu_8x_h100_sxm5", 31.92, None),), False),
+    ((Offer("lambda", "gpu_8x_h100_sxm5", 31.92, None), Offer("aws", "p5.48xlarge", 98.32, 39.33)), True),
+])
+def test_spot_is_launched_only_where_the_local_catalog_sells_it(offers, use_spot, tmp_path, caplog):
+    (tmp_path / "lambda").mkdir()
+    (tmp_path / "lambda" / "vms.csv").write_text("InstanceType\n")
+    sky = FakeSky()
+    sky.catalog_root, sky.offers = tmp_path, offers
+    _submit(sky)
+    assert yaml.safe_load(sky.launched[0][0])["resources"]["use_spot"] is use_spot
+    assert ("infra.spot=true but no catalog offer of H100:8 on lambda sells spot: launching on-demand" in caplog.text) \
+        is not use_spot
 
 
 def test_two_preemptions_then_success_surface_recovery_count():
