@@ -62,8 +62,11 @@ def test_score_file(cli, tmp_path):
     assert json.loads(result.output)["score"]["score"] == pytest.approx(1.0)
 
 
-def test_launch_dry_run_prints_yaml_and_cost(cli):
-    result = cli("launch", "-c", "gsm8k", "-o", "infra.accelerators=H100:8", "--dry-run")
+def test_launch_dry_run_prints_yaml_and_cost(cli, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+    result = cli("launch", "-c", "gsm8k", "-o", "infra.accelerators=H100:8", "-o", "storage.uri=s3://bucket/prefix",
+                 "--dry-run")
     assert result.exit_code == 0, result.output
     assert "main_ppo" in result.output and "algorithm.adv_estimator=grpo" in result.output
     assert "Cost estimate" in result.output and "gpu_8x_h100" in result.output

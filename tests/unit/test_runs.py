@@ -18,9 +18,10 @@ def store(tmp_path):
 
 
 def test_run_name_format():
-    cfg = load_config(["gsm8k"], env={})
     when = datetime(2026, 11, 22, 2, 0, tzinfo=timezone.utc)
-    assert runs.run_name(cfg, when) == "gsm8k-smollm2-135m-20261122-0200"
+    assert runs.run_name(load_config(["gsm8k", "local"], env={}), when) == "gsm8k-smollm2-135m-20261122-0200"
+    # the cluster config's model, its HF org left out
+    assert runs.run_name(load_config(["gsm8k"], env={}), when) == "gsm8k-qwen2.5-1.5b-instruct-20261122-0200"
 
 
 def test_unfinished_run_with_same_config_is_resumed(store):

@@ -1,0 +1,65 @@
+"""`verl-grpo launch -c gsm8k --dry-run` as a new user runs it, from a directory outside the checkout: it fails on
+every check a real launch would fail, one line each, and passes once the store is a bucket with credentials."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from cli.main import main
+
+FAKE_KEY_ID, FAKE_SECRET = "AKIAFAKEFAKEFAKEFAKE", "fake/secret+value/for/the/dry/run/only00"
+
+
+def _launch(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WANDB_"))}
+    clean["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), clean.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "cli", "launch", "-c", "gsm8k", *args, "--dry-run"],
+                          cwd=tmp_path, env={**clean, **env}, capture_output=True, text=True, timeout=300)
+
+
+def test_the_shipped_config_without_a_bucket_fails_naming_storage_uri(tmp_path):
+    done = _launch(tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.startswith("  - ")]
+    assert problems[0].startswith("  - storage.uri 'file://") and "s3://bucket/prefix" in problems[0]
+    assert problems[1].startswith("  - AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY not set")
+    assert len(problems) == 2, done.stderr
+    assert done.stdout == ""  # no YAML, no cost table: nothing is shown as if it could launch
+
+
+def test_with_a_bucket_and_credentials_it_passes_rendering_the_qwen_model_on_the_configs_gpu(tmp_path):
+    done = _launch(tmp_path, "-o", "storage.uri=s3://bucket/prefix",
+                   AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct" in out
+    assert 'accelerators: "H100:1"' in out and "trainer.n_gpus_per_node=1" in out
+    assert "GPU memory fits" in out and "per H100" in out
+    assert "AWS credentials for the store are in the environment" in out
+    assert "nothing was launched" in out
+    assert FAKE_SECRET not in out + done.stderr and FAKE_KEY_ID not in out + done.stderr
+    # the shipped catalog (Lambda) sells no spot: the task goes on-demand and says so
+    assert "use_spot: false" in out and "warning: infra.spot=true but no catalog offer of H100:1" in out
+
+
+def test_every_failing_check_is_reported_at_once(tmp_path, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("WANDB_API_KEY", "short")
+    result = CliRunner(mix_stderr=False).invoke(main, [
+        "launch", "-c", "gsm8k", "-o", "model.name=qwen 1.5b", "-o", "infra.accelerators=H10:1",
+        "-o", f"dataset.mirror_dir={tmp_path}", "-o", "dataset.source=mirror",
+        "-o", "storage.uri=s3://bucket/prefix", "-o", "storage.endpoint_url=http://127.0.0.1:9", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    problems = [line.removeprefix("  - ") for line in result.stderr.splitlines() if line.startswith("  - ")]
+    keys = ["storage.endpoint_url http://127.0.0.1:9 is not reachable", "AWS_ACCESS_KEY_ID not set",
+            "WANDB_API_KEY is not a W&B API key", "model.name 'qwen 1.5b'", "dataset.mirror_dir",
+            "infra.accelerators 'H10:1' is not offered"]
+    assert len(problems) == len(keys) and all(key in line for key, line in zip(keys, problems)), problems
+    assert FAKE_SECRET not in result.stderr and "'short'" not in result.stderr
