@@ -1,6 +1,7 @@
 """`-c <dataset> -c local` (what `make run` uses) resolves to the CPU run it resolved to before the dataset configs
-gained their GPU defaults (Qwen models, H100 shapes, spot, verl batch sizes): the values below (every training and eval
-setting: dataset, model, algorithm, trainer, warm_start, infra, eval, verl) were resolved on main before that change. A dataset config that sets something local.yaml does not undo fails here."""
+gained their GPU defaults (Qwen models, H100 shapes, spot, verl batch sizes): the values below (every training and
+eval setting: dataset, model, algorithm, trainer, warm_start, infra, eval, verl) were resolved on main before that
+change. A dataset config that sets something local.yaml does not undo fails here."""
 
 from __future__ import annotations
 

@@ -166,7 +166,9 @@ class InfraConfig(_Section):
     nodes: int = Field(1, ge=1)
     """Number of nodes of the training cluster."""
     spot: bool = False
-    """Use spot instances (preemptible, recovered from the last checkpoint)."""
+    """Use spot instances (preemptible, recovered from the last checkpoint) where SkyPilot's catalog sells them for
+    infra.accelerators (in skypilot.cloud/region when set); where no offer does, the task runs on-demand and the
+    launch says so in one warning line. A profile's `spot: true` and `-o infra.spot=true` behave the same."""
 
 
 class StorageConfig(_Section):
