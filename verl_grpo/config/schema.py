@@ -336,6 +336,15 @@ class SkyPilotConfig(_Section):
     """Rollout servers behind the router (rollout_group shape)."""
     step_seconds: float = Field(120.0, gt=0)
     """Your estimate of seconds per training step, used only for the dry-run cost estimate."""
+    eval_minutes: float = Field(20.0, gt=0)
+    """Your estimate of the held-out eval task's minutes (provisioning, setup, model download, vLLM generation),
+    used only for the dry-run cost estimate."""
+    spot_preemptions_per_hour: float = Field(0.1, ge=0)
+    """Expected spot preemptions per hour of training, used only for the cost estimate's preemption overhead
+    (each loses half a save interval of steps plus skypilot.recovery_minutes)."""
+    recovery_minutes: float = Field(10.0, ge=0)
+    """Minutes one preemption costs besides the lost steps (new nodes provisioned, setup, checkpoint restored),
+    used only for the cost estimate's preemption overhead."""
     eval_accelerators: str | None = None
     """Accelerators of the held-out eval task (vLLM, tensor-parallel over all of them), e.g. `H100:1`; None uses
     infra.accelerators' GPU type × verl.rollout_tp (the GPUs one rollout engine needs)."""

@@ -62,6 +62,9 @@ REPLAY_BUFFER = SERVICES["replay"]
 """The rollout_group shape's replay-buffer task."""
 ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
 ROUTER_PORT = 8080
+SERVICE_CPUS = "4+"
+"""vCPUs of each CPU-only task (job-group services, the rollout group's router and replay buffer)."""
+ROUTER_TASK = "router"
 EVAL_MODULE = "verl_grpo.evaluate.vllm_runner"
 """Entry of the eval task: `python -m EVAL_MODULE SPEC_URI`."""
 VLLM_VERSION = "0.24.0"
@@ -183,7 +186,7 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
     if shape == "job_group":
         services = job_group_services(cfg)
         ctx["services"] = [
-            {"name": s.task, "cpus": "4+", "port": s.port,
+            {"name": s.task, "cpus": SERVICE_CPUS, "port": s.port,
              "command": _bound(["python", "-m", s.module, "serve"], ["--port", str(s.port),
                                                                       *service_args(s.name, cfg, spec)])}
             for s in services
@@ -331,12 +334,14 @@ def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
         rollout_port=port,
         service_accelerators=cfg.skypilot.service_accelerators or cfg.infra.accelerators,
         router_port=ROUTER_PORT,
+        router_task=ROUTER_TASK,
+        service_cpus=SERVICE_CPUS,
         router_command=f'{router} --host "$NODE_IP" --port {ROUTER_PORT} --worker-urls {workers}',
         replay_port=REPLAY_BUFFER.port,
         replay_command=_bound(["python", "-m", REPLAY_BUFFER.module, "serve"],
                               ["--port", str(REPLAY_BUFFER.port),
                                *service_settings_args(REPLAY_BUFFER.name, cfg, spec.run_id)]),
-        exports=[_export_url("router", ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
+        exports=[_export_url(ROUTER_TASK, ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
                  _export_url(REPLAY_BUFFER.task, REPLAY_BUFFER.port, REPLAY_BUFFER.url_env)],
     )
     return ctx
