@@ -136,10 +136,15 @@ def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, rep
 
 
 def cloud_cost(run: ResolvedRun) -> RunCost | None:
-    """The run's actual cloud cost from its jobs' timelines, for a provider that bills (SkyPilot); else None."""
+    """The run's actual cloud cost from its jobs' timelines, for a provider that bills (SkyPilot); else None.
+    Informational: a failure to measure it is logged and does not stop the model's registration."""
     from verl_grpo.providers import get_provider
 
-    return get_provider(run.cfg.infra.provider).run_cost(run.cfg, run.run_id)
+    try:
+        return get_provider(run.cfg.infra.provider).run_cost(run.cfg, run.run_id)
+    except Exception as e:
+        log.warning("run %s: cloud cost not measured (%s: %s)", run.run_id, type(e).__name__, e)
+        return None
 
 
 def teardown(run: ResolvedRun, cluster: Cluster) -> None:
