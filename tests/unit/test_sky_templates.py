@@ -83,7 +83,7 @@ def test_trainer_restores_before_and_finalizes_after_main_ppo():
     run = trainer["run"]
     restore = run.index("python -m verl_grpo.trainers.verl.restore --dataset-uri s3://bucket/store/datasets/gsm8k/abc123")
     train = run.index("python -m verl.trainer.main_ppo")
-    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size 8")
+    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size \"$TRAIN_BATCH_SIZE\"")
     assert restore < run.index('if [ "$SKYPILOT_NODE_RANK" = "0" ]') < train < finalize
     assert trainer["envs"]["VERL_GRPO_STORE_URI"] == "s3://bucket/store"
     assert trainer["envs"]["VERL_GRPO_CHECKPOINT_DIR"] == "/tmp/verl-grpo/checkpoints/run-1"
@@ -142,7 +142,8 @@ def test_job_group_runs_only_enabled_services_with_their_settings():
     run = tasks[0]["run"]
     assert "--max-items 77" in run and "--reward-model /m/rm" in run
     assert "--token-env VERL_GRPO_SERVICES_TOKEN" in run
-    assert "RETRIEVAL" not in tasks[-1]["run"] and "DATA_SERVER" not in tasks[-1]["run"]
+    assert "RETRIEVAL_SERVER" not in tasks[-1]["run"] and "DATA_SERVER" not in tasks[-1]["run"]
+    assert "multi_turn" not in tasks[-1]["run"] and tasks[-1]["envs"]["USE_RETRIEVAL"] == "false"
 
 
 def test_job_group_without_services_runs_the_reward_server_and_the_config_says_so():
