@@ -51,6 +51,7 @@ DERIVED_KNOBS: tuple[str, ...] = ("GRAD_ACCUM", "USE_RETRIEVAL")
 """Knobs that are no config key of their own: GRAD_ACCUM sets algorithm.train_batch_size = BATCH_SIZE × GRAD_ACCUM
 (the seeds' effective batch), USE_RETRIEVAL adds or removes `retrieval` in services.enabled."""
 ALL_KNOBS: tuple[str, ...] = (*ENV_KNOBS, *DERIVED_KNOBS)
+KNOB_ORIGINS = {f"env var {var}" for var in KNOB_ALSO_SETS}
 
 DEFAULT_PROFILES: tuple[str, ...] = ("gsm8k",)
 """The shipped profiles of a run that names no config file (what the CLI without `-c` and the flow default to)."""
@@ -315,11 +316,16 @@ def _unknown_key_message(prefix: str, key: str, model: type[BaseModel], origin: 
 def _format_validation_error(e: ValidationError, origins: Mapping[str, str]) -> str:
     """One line per invalid value, naming the key and the env var or override it came from."""
     lines = []
+    knobs_named: set[str] = set()
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         source = next((origins[k] for k in sorted(origins, key=len, reverse=True)
                        if loc == k or loc.startswith(f"{k}.")), None)
+        if source in KNOB_ORIGINS:  # a knob that sets two keys (BATCH_SIZE) is named once
+            if source in knobs_named:
+                continue
+            knobs_named.add(source)
         where = f"{loc} ({source})" if source else loc
         # a whole-config check names its own fields; echoing its input would print the entire config
         lines.append(f"{where}: {msg} (got {err.get('input')!r})" if loc else f"config: {msg}")
