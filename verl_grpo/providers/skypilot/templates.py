@@ -3,7 +3,8 @@
 Three training shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
 `rollout_group` (rollout servers + router + replay buffer + trainer); and the held-out eval task (vLLM on GPUs,
 `render_eval`). Secrets are listed by name under `secrets:` only; their values are passed at launch and never rendered
-(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included).
+(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included). The seeds'
+env knobs are `envs` with this run's values, and the run script builds main_ppo's overrides from them (`knobs`).
 
 Every task installs into one uv venv (`$VERL_GRPO_VENV`, Python per pyproject.toml's requires-python) and runs in it.
 Services, rollout servers and Ray bind the node's own IP (`$NODE_IP`, this node's line of `$SKYPILOT_NODE_IPS`):
@@ -29,6 +30,7 @@ from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
 from verl_grpo.privacy import quiet_env
+from verl_grpo.providers.skypilot.knobs import knob_task
 from verl_grpo.services import SERVICES, ServiceSpec
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
@@ -243,6 +245,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "workdir": workdir or str(repo_root() or Path.cwd()),
         "file_mounts": {},
         "envs": dict(sorted(envs.items())),
+        "knob_envs": {},
         "secrets": [k for k in EVAL_SECRET_ENV_VARS if env.get(k)],
         "setup": venv_setup(EVAL_PACKAGES),
         "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
@@ -283,6 +286,9 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
             uri = spec.env[uri_env]
             mounts[spec.env[mount_env]] = str(local_path(uri)) if uri.startswith("file://") else uri
     engine = cfg.verl.rollout_engine
+    knobs = knob_task(cfg, spec.command, retrieval_available="retrieval" in cfg.services.enabled)
+    finalize = finalize_command(cfg)
+    at = finalize.index("--train-batch-size") + 1
     return {
         "name": job_name(spec.run_id),
         "num_nodes": cfg.infra.nodes,
@@ -297,13 +303,15 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "workdir": workdir or str(repo_root() or Path.cwd()),
         "file_mounts": mounts,
         "envs": dict(sorted(envs.items())),
+        "knob_envs": knobs.envs,
         # The token's value is never rendered: services_token_secret gives it at launch.
         "secrets": list(dict.fromkeys(secret_names(env) + ([cfg.services.token_env] if runs_services(cfg) else []))),
         "setup": venv_setup(cluster_packages(cfg, engine)),
         "exports": [],
-        "train_command": shlex.join(spec.command),
+        "knob_prelude": knobs.prelude,
+        "train_command": knobs.train_command,
         "restore_command": shlex.join(restore_command(spec.env)),
-        "finalize_command": shlex.join(finalize_command(cfg)),
+        "finalize_command": " ".join([shlex.join(finalize[:at]), knobs.train_batch, *map(shlex.quote, finalize[at + 1:])]),
         "trainer_task": TRAINER_TASK,
         "ray_port": RAY_PORT,
         "dashboard_port": RAY_DASHBOARD_PORT,

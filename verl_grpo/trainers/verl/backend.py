@@ -73,7 +73,7 @@ class VerlTrainer:
             command=["python", "-m", MAIN_MODULE, *overrides],
             env=env,
             overrides=overrides,
-            total_steps=cfg.algorithm.total_steps,
+            total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
         )
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:

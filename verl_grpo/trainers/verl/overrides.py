@@ -121,6 +121,7 @@ def verl_overrides(
         f"actor_rollout_ref.model.lora_rank={v.lora_rank}",
         f"actor_rollout_ref.model.lora_alpha={v.lora_alpha}",
         f"{actor}.optim.lr={a.lr}",
+        f"{actor}.optim.lr_warmup_steps={a.warmup_steps}",
         f"{actor}.ppo_mini_batch_size={mini}",
         f"{actor}.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"{actor}.clip_ratio_low={a.clip_low}",
@@ -152,6 +153,8 @@ def verl_overrides(
         f"trainer.default_local_dir={paths.checkpoint_dir}",
         f"trainer.checkpoint_callback_class={CALLBACK_CLASS}",
     ]
+    if a.total_epochs is not None:
+        out.append(f"trainer.total_epochs={a.total_epochs}")
     out += _strategy_overrides(cfg)
     if "retrieval" in cfg.services.enabled:
         out += [f"{rollout}.multi_turn.enable=True", f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}"]
