@@ -45,7 +45,7 @@ from verl_grpo.trainers.verl.commit import COMMITTED_LINE
 
 STEP_LINE = re.compile(r"^step:(\d+) - ")
 """verl's console step line; the primary task's rank 0 is watched for it to inject preemptions."""
-PREEMPT_GRACE_S = 10.0
+PREEMPT_GRACE_S = 25.0
 """An injected preemption at step N lands once step N's own checkpoint is committed (so the recovery has something
 to restore), at step N+1's line, or this long after step N's line, whichever comes first."""
 POLL_S = 0.1
