@@ -22,6 +22,8 @@ MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
 
 
 SERVICES_ON = "services.enabled=[data,reward,retrieval]"
+CKPT_MOUNT = "s3://bucket/store/runs/run-1/checkpoints"
+"""What VerlTrainer.plan mounts at the checkpoint dir of a multi-node run (backend.checkpoint_mount)."""
 
 
 def _cfg(shape: str, *extra: str):
@@ -39,7 +41,8 @@ def _render(shape: str, env: dict[str, str], *extra: str) -> templates.RenderedT
                      overrides=ov, total_steps=20,
                      env={DATASET_URI_ENV: "s3://bucket/store/datasets/gsm8k/abc123", DATASET_MOUNT_ENV: MOUNT,
                           "MLFLOW_TRACKING_URI": "sqlite:////tmp/verl-grpo/mlflow.db",
-                          **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2)})
+                          **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2,
+                                           CKPT_MOUNT if cfg.infra.nodes > 1 else None)})
     return templates.render(cfg, spec, env, workdir="/src/verl-grpo")
 
 
@@ -65,7 +68,11 @@ def test_secrets_by_name_only_and_trainer_is_primary(shape):
     trainer = tasks[-1]
     assert trainer["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
     assert trainer["resources"]["use_spot"] is True and trainer["num_nodes"] == 2
-    assert trainer["file_mounts"] == {MOUNT: "s3://bucket/store/datasets/gsm8k/abc123"}
+    assert trainer["file_mounts"] == {MOUNT: "s3://bucket/store/datasets/gsm8k/abc123",
+                                      "/tmp/verl-grpo/checkpoints/run-1": {"source": CKPT_MOUNT,
+                                                                           "mode": "MOUNT_CACHED"}}
+    for service in tasks[:-1]:  # only the trainer's nodes write checkpoints
+        assert "/tmp/verl-grpo/checkpoints/run-1" not in service.get("file_mounts", {})
     if rendered.is_job_group:
         assert docs[0]["execution"] == "parallel" and docs[0]["primary_tasks"] == ["verl-trainer"]
 
@@ -266,3 +273,15 @@ def test_the_knob_envs_are_on_the_trainer_only_and_never_secrets():
     assert "TOTAL_EPOCHS" not in docs[-1]["envs"]  # rendered only when the run sets it
     epochs = list(yaml.safe_load_all(_render("multinode", {}, "algorithm.total_epochs=2").yaml))[-1]
     assert epochs["envs"]["TOTAL_EPOCHS"] == "2"
+
+
+def test_multinode_checkpoints_need_a_bucket_and_a_managed_job():
+    with pytest.raises(ConfigError, match=r"storage.uri .* is no bucket; set storage.uri=s3://"):
+        templates.checkpoint_mount(_cfg("multinode", "storage.uri=file:///tmp/store"),
+                                   TrainSpec(backend="verl", run_id="r", command=[], overrides=[], total_steps=1,
+                                             env=checkpoint_env("file:///tmp/store", None, "r", "/tmp/c", 2,
+                                                                "file:///tmp/store/runs/r/checkpoints")))
+    with pytest.raises(ConfigError, match="sky exec.* mounts no bucket"):
+        _render("multinode", {}, "skypilot.cluster=mine")
+    single = _render("multinode", {}, "infra.nodes=1")
+    assert "MOUNT_CACHED" not in single.yaml

@@ -41,7 +41,13 @@ from verl_grpo.trainers.verl.backend import (
     finalize_command,
     restore_command,
 )
-from verl_grpo.trainers.verl.settings import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
+from verl_grpo.trainers.verl.settings import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_MOUNT,
+    ENV_RUN_ID,
+    ENV_STORE_ENDPOINT,
+    ENV_STORE_URI,
+)
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
@@ -291,6 +297,7 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     at = finalize.index("--train-batch-size") + 1
     return {
         "name": job_name(spec.run_id),
+        "checkpoint_mount": checkpoint_mount(cfg, spec),
         "num_nodes": cfg.infra.nodes,
         "accelerators": cfg.infra.accelerators,
         "use_spot": cfg.infra.spot,
@@ -318,6 +325,23 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "node_ip_line": NODE_IP_LINE,
         "node_wait_s": NODE_WAIT_S,
     }
+
+
+def checkpoint_mount(cfg: RunConfig, spec: TrainSpec) -> dict[str, str] | None:
+    """{path, source} of the trainer's checkpoint mount on a multi-node run (SkyPilot MOUNT_CACHED of the store's
+    `runs/{run_id}/checkpoints` at trainer.default_local_dir on every node), else None."""
+    source = spec.env.get(ENV_CHECKPOINT_MOUNT)
+    if not source:
+        return None
+    if not source.startswith("s3://"):
+        raise ConfigError(f"infra.nodes={cfg.infra.nodes} keeps verl's checkpoints on a bucket every node mounts, "
+                          f"but storage.uri {cfg.storage.uri!r} is no bucket; set storage.uri=s3://bucket/prefix "
+                          "or infra.nodes=1")
+    if cfg.skypilot.cluster:
+        raise ConfigError(f"infra.nodes={cfg.infra.nodes} with skypilot.cluster={cfg.skypilot.cluster!r}: `sky exec` "
+                          "on an existing cluster mounts no bucket, and verl's nodes need the shared checkpoint mount; "
+                          "drop skypilot.cluster (a managed job) or use infra.nodes=1")
+    return {"path": spec.env[ENV_CHECKPOINT_DIR], "source": source}
 
 
 def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:

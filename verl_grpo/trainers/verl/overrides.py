@@ -148,7 +148,7 @@ def verl_overrides(
         f"trainer.total_training_steps={a.total_steps}",
         f"trainer.save_freq={a.save_freq}",
         f"trainer.test_freq={v.test_freq}",
-        f"trainer.max_actor_ckpt_to_keep={cfg.storage.keep_last}",
+        f"trainer.max_actor_ckpt_to_keep={verl_keep(cfg)}",
         "trainer.resume_mode=auto",
         f"trainer.default_local_dir={paths.checkpoint_dir}",
         f"trainer.checkpoint_callback_class={CALLBACK_CLASS}",
@@ -181,6 +181,12 @@ def _strategy_overrides(cfg: RunConfig) -> list[str]:
     if v.adv_estimator == "gae":
         out.append(f"critic.strategy={v.strategy}")
     return out
+
+
+def verl_keep(cfg: RunConfig) -> int:
+    """trainer.max_actor_ckpt_to_keep: storage.keep_last; at least 2 on multi-node runs, where verl deletes old step
+    dirs from the shared store mount itself, so the previous step stays until its background commit is done."""
+    return max(cfg.storage.keep_last, 2) if cfg.infra.nodes > 1 else cfg.storage.keep_last
 
 
 def run_paths(cfg: RunConfig, checkpoint_dir: str) -> VerlPaths:
