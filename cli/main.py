@@ -96,6 +96,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  final model       {summary['model_uri']}")
     click.echo(f"  run id            {summary['run_id']}  (config digest {summary['config_digest']})")
     click.echo(f"  MLflow UI         {mlflow_ui_command(cfg.tracking.mlflow_uri)}")
+    if summary.get("cloud_cost"):
+        click.echo(f"  cloud cost        {summary['cloud_cost']}")
     click.echo("  base -> trained, per eval metric (paired test on the same problems):")
     for line in outcome_lines(summary)[2:]:
         click.echo(f"    {line}")

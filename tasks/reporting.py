@@ -71,7 +71,8 @@ def publish_summary(outcome: Outcome) -> dict:
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
     link = f"[{version.mlflow_run_id}]({url})" if url else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)"
     logger = get_run_logger()
-    for line in [*outcome_lines(summary), *curve_lines(summary),
+    cost = [f"cloud cost: {summary['cloud_cost']}"] if summary.get("cloud_cost") else []
+    for line in [*outcome_lines(summary), *cost, *curve_lines(summary),
                  f"MLflow run: {url or mlflow_ui_command(cfg.tracking.mlflow_uri)}"]:
         logger.info(line)
     for line in summary["warnings"]:

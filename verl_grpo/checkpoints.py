@@ -35,7 +35,8 @@ from tenacity import RetryCallState
 
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.layout import STEP_PREFIX, checkpoint_dir, checkpoint_manifest, checkpoints_dir, step_dir_name
+from verl_grpo.layout import (CHECKPOINT_MANIFEST, STEP_PREFIX, checkpoint_dir, checkpoint_manifest, checkpoints_dir,
+                              step_dir_name)
 from verl_grpo.retry import Backoff, last_error
 from verl_grpo.store import Store
 
@@ -149,19 +150,48 @@ class CheckpointStore:
         try:
             with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckpt-file") as pool:
                 entries = sorted(pool.map(upload, files), key=lambda e: e["path"])
-            manifest = {
-                "run_id": run_id,
-                "step": step,
-                "files": entries,
-                "state": state or {},
-                "created_at": time.time(),
-            }
-            self.retrying("commit manifest",
-                          lambda: self.store.write_text(json.dumps(manifest, indent=1), checkpoint_manifest(run_id, step)))
+            self._write_manifest(run_id, step, entries, state)
         except InfraError as e:
             raise InfraError(f"{e}; checkpoint step {step} is not committed, its files are kept at {local_dir}") from e
         log.info("checkpoint step %d committed (%d files) at %s", step, len(entries), self.store.url(base))
         return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(base))
+
+    def commit_in_place(self, run_id: str, step: int, state: dict[str, Any] | None = None) -> CheckpointRef:
+        """Commit a step dir whose files are already in the store (written through a bucket mount): hash every file as
+        the store holds it, then write the manifest. The caller first waits until the store holds the whole dir."""
+        base = checkpoint_dir(run_id, step)
+        listing = self.listing(run_id, step)
+        if not listing:
+            raise InfraError(f"checkpoint step {step} has no files at {self.store.url(base)}; nothing to commit")
+
+        def entry(rel: str) -> dict[str, Any]:
+            digest = self.retrying(f"hash {rel}", lambda: self._stored_sha256(self.store.path(base, rel)))
+            return {"path": rel, "size": listing[rel], "sha256": digest}
+
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckpt-hash") as pool:
+            entries = sorted(pool.map(entry, sorted(listing)), key=lambda e: e["path"])
+        self._write_manifest(run_id, step, entries, state)
+        log.info("checkpoint step %d committed in place (%d files) at %s", step, len(entries), self.store.url(base))
+        return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(base))
+
+    def listing(self, run_id: str, step: int) -> dict[str, int]:
+        """{path relative to the step dir: size} of every file the store holds for `step`, its manifest left out."""
+        base = self.store.path(checkpoint_dir(run_id, step))
+        self.store.fs.invalidate_cache(base)
+        try:
+            found = self.retrying(f"list files of step {step}", lambda: self.store.fs.find(base, detail=True))
+        except FileNotFoundError:
+            return {}
+        sizes = {p[len(base):].lstrip("/"): int(info.get("size") or 0) for p, info in found.items()
+                 if info.get("type", "file") != "directory"}
+        sizes.pop(CHECKPOINT_MANIFEST, None)
+        return sizes
+
+    def discard(self, run_id: str, step: int) -> None:
+        """Delete step's files and manifest (manifest first: a half-deleted checkpoint is never seen as complete)."""
+        self.retrying(f"delete step {step}", lambda: (
+            self.store.rm(checkpoint_manifest(run_id, step)),
+            self.store.rm(checkpoint_dir(run_id, step))))
 
     def steps(self, run_id: str) -> list[int]:
         """Steps with a checkpoint directory (complete or not), ascending."""
@@ -231,10 +261,7 @@ class CheckpointStore:
         newest = max(complete) if complete else -1
         removed = [s for s in steps if s not in kept and s < newest]
         for step in removed:
-            # Remove the manifest first so a half-deleted checkpoint is never seen as complete.
-            self.retrying(f"delete step {step}", lambda s=step: (
-                self.store.rm(checkpoint_manifest(run_id, s)),
-                self.store.rm(checkpoint_dir(run_id, s))))
+            self.discard(run_id, step)
         return removed
 
     def retrying(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -277,14 +304,25 @@ class CheckpointStore:
                                max_concurrency=self.part_concurrency)
 
     def _files_present(self, run_id: str, step: int, manifest: dict[str, Any]) -> bool:
-        base = self.store.path(checkpoint_dir(run_id, step))
-        self.store.fs.invalidate_cache(base)
-        try:
-            found = self.retrying(f"list files of step {step}", lambda: self.store.fs.find(base, detail=True))
-        except FileNotFoundError:
-            return False
-        sizes = {p[len(base) :].lstrip("/"): info.get("size") for p, info in found.items()}
+        sizes = self.listing(run_id, step)
         return all(sizes.get(e["path"]) == e["size"] for e in manifest["files"])
+
+    def _write_manifest(self, run_id: str, step: int, entries: list[dict[str, Any]],
+                        state: dict[str, Any] | None) -> None:
+        manifest = {"run_id": run_id, "step": step, "files": entries, "state": state or {}, "created_at": time.time()}
+        self.retrying("commit manifest",
+                      lambda: self.store.write_text(json.dumps(manifest, indent=1), checkpoint_manifest(run_id, step)))
+
+    def _stored_sha256(self, remote: str) -> str:
+        h = hashlib.sha256()
+        with self.store.fs.open(remote, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+
+
+Committer = Callable[[str, int, Path, "dict[str, Any] | None"], CheckpointRef]
+"""(run_id, step, checkpoint dir, trainer state) → the committed checkpoint."""
 
 
 class BackgroundSaver:
@@ -299,8 +337,10 @@ class BackgroundSaver:
     """
 
     def __init__(self, checkpoints: CheckpointStore, on_committed: Callable[[CheckpointRef], None] | None = None,
-                 staging_dir: Path | None = None):
+                 staging_dir: Path | None = None, commit: Committer | None = None):
         self.checkpoints = checkpoints
+        self.commit = commit or checkpoints.save
+        """How a checkpoint is committed (default: uploaded by `CheckpointStore.save`)."""
         self.staging_dir = Path(staging_dir) if staging_dir is not None else None
         self.on_committed = on_committed
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
@@ -373,7 +413,7 @@ class BackgroundSaver:
         return dest
 
     def _commit(self, run_id: str, step: int, snapshot: Path, state: dict[str, Any] | None) -> CheckpointRef:
-        ref = self.checkpoints.save(run_id, step, snapshot, state)
+        ref = self.commit(run_id, step, snapshot, state)
         if self.staging_dir is not None:
             _discard(snapshot, snapshot.with_suffix(".json"))
         if self.on_committed is not None:

@@ -133,6 +133,28 @@ class MirrorResult(_Record):
     """Why it failed, one line without secrets, when not ok."""
 
 
+class RunCost(_Record):
+    """What a run's cloud jobs cost, from their timelines in the provider's job queue (SkyPilot)."""
+
+    node_hours: float
+    """Σ nodes × (end − provisioning start) over the run's training and eval jobs, recoveries included."""
+    cost_usd: float | None
+    """node-hours × the catalog $/h of each task's resources; None where the catalog has no price for one."""
+    run_hours: float
+    """Hours the jobs' commands ran (SkyPilot's job_duration: provisioning and recovery excluded)."""
+    jobs: int
+    recoveries: int
+    pricing: str
+    """`spot` or `on-demand`, as launched."""
+    priced_at: str
+    """Which catalog prices were used, one line."""
+
+    def line(self) -> str:
+        cost = f"${self.cost_usd:,.2f}" if self.cost_usd is not None else "no catalog price"
+        return (f"{self.node_hours:.2f} node-hours ({self.run_hours:.2f} h running, {self.recoveries} recoveries, "
+                f"{self.jobs} job(s)): {cost} at {self.priced_at} prices")
+
+
 class ModelVersion(_Record):
     name: str
     version: str
@@ -141,3 +163,5 @@ class ModelVersion(_Record):
     decision: str = ""
     mirrors: list[MirrorResult] = Field(default_factory=list)
     """The optional mirrors the registration sent the run to (none unless one is configured)."""
+    cloud_cost: RunCost | None = None
+    """The run's actual cloud cost (SkyPilot provider); None on the local provider."""

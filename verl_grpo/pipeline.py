@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from verl_grpo import runs
 from verl_grpo.chain import Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
-from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.errors import Preempted, error_class
 from verl_grpo.layout import train_result
 from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
@@ -129,9 +129,22 @@ def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, rep
     champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, report) else None
     version = register_run(cfg, run_id=run.run_id, dataset=dataset, train=result, report=report,
                            base_report=base_report, store=store, tags=tags or {},
-                           promotion_p_value=cfg.tracking.promotion_p_value, champion_report=champion_report)
+                           promotion_p_value=cfg.tracking.promotion_p_value, champion_report=champion_report,
+                           cloud_cost=cloud_cost(run))
     runs.mark_run(store, run.run_id, "completed", model_version=version.version, model_name=version.name)
     return version
+
+
+def cloud_cost(run: ResolvedRun) -> RunCost | None:
+    """The run's actual cloud cost from its jobs' timelines, for a provider that bills (SkyPilot); else None.
+    Informational: a failure to measure it is logged and does not stop the model's registration."""
+    from verl_grpo.providers import get_provider
+
+    try:
+        return get_provider(run.cfg.infra.provider).run_cost(run.cfg, run.run_id)
+    except Exception as e:
+        log.warning("run %s: cloud cost not measured (%s: %s)", run.run_id, type(e).__name__, e)
+        return None
 
 
 def teardown(run: ResolvedRun, cluster: Cluster) -> None:

@@ -42,7 +42,17 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "reward_curve": curve,
         "metrics": [{"metric": c.metric, "base": c.base, "trained": c.trained, "delta": c.delta,
                      "p_value": c.p_value, "test": c.test} for c in changes],
+        **cloud_cost_fact(cfg, version),
     }
+
+
+def cloud_cost_fact(cfg: RunConfig, version: ModelVersion) -> dict[str, str]:
+    """{"cloud_cost": the run's actual node-hours and $} on a billing provider; {} on the local provider."""
+    if version.cloud_cost is not None:
+        return {"cloud_cost": version.cloud_cost.line()}
+    if cfg.infra.provider != "local" and cfg.skypilot.cluster:
+        return {"cloud_cost": f"not measured: the existing cluster {cfg.skypilot.cluster} is billed whatever runs on it"}
+    return {}
 
 
 def warm_start_line(train_summary: dict) -> str:

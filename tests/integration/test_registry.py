@@ -19,6 +19,7 @@ from registry_runs import N, SPLIT, correct_first, make_env, make_run, register,
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.reporting import curve_png_location
+from verl_grpo.contracts import RunCost
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.provenance import git_sha
 from verl_grpo.registry import download_version, list_models, register_run
@@ -289,3 +290,18 @@ def test_register_against_an_mlflow_server(env, tiny_model_dir, mlflow_server, t
     assert client.get_model_version("verl-grpo-gsm8k", "1").description.startswith("v1 is the first model")
     hf_dir = download_version(mlflow_server, "verl-grpo-gsm8k", "1", tmp_path / "dl")
     assert AutoModelForCausalLM.from_pretrained(hf_dir).config.vocab_size > 0
+
+
+def test_actual_cloud_cost_is_on_the_run_and_in_the_returned_version(env, tiny_model_dir):
+    cfg, store, dataset = env
+    cost = RunCost(node_hours=4.5, cost_usd=65.0, run_hours=2.03, jobs=2, recoveries=1, pricing="spot",
+                   priced_at="spot runpod/US")
+
+    version = register(cfg, store, dataset, *make_run(store, tiny_model_dir, "run-a", correct_first(10)),
+                       cloud_cost=cost)
+
+    run = MlflowClient(cfg.tracking.mlflow_uri).get_run(version.mlflow_run_id)
+    assert run.data.metrics["cloud/node_hours"] == 4.5 and run.data.metrics["cloud/cost_usd"] == 65.0
+    assert run.data.metrics["cloud/recoveries"] == 1 and run.data.metrics["cloud/jobs"] == 2
+    assert run.data.params["cloud.pricing"] == "spot" and run.data.params["cloud.priced_at"] == "spot runpod/US"
+    assert version.cloud_cost == cost

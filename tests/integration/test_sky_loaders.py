@@ -68,9 +68,12 @@ def test_every_shape_passes_skypilot_loaders_and_catalog(results, shape):
 def test_cost_is_catalog_price_times_nodes_times_hours(results):
     two_nodes = results["job_group"]["costs"][0]
     assert two_nodes["instance_type"] == "gpu_8x_h100_sxm5" and two_nodes["nodes"] == 2
-    # 20 steps x 120 s = 2/3 h; Lambda's catalog price of gpu_8x_h100_sxm5 is $31.92/h.
-    assert two_nodes["on_demand"] == pytest.approx(31.92 * 2 * 20 * 120 / 3600)
+    # 20 steps x 120 s = 2/3 h of the trainer (Lambda's gpu_8x_h100_sxm5: $31.92/h) and of the two services
+    # (cpu_4x_general: $0.20/h), plus the eval task's 20 min on gpu_1x_h100_pcie ($3.29/h).
+    hours = 20 * 120 / 3600
+    assert two_nodes["on_demand"] == pytest.approx(31.92 * 2 * hours + 2 * 0.20 * hours + 3.29 * 20 / 60)
     assert two_nodes["spot"] is None
+    assert "reward-server: 1 x cpus 4+" in results["job_group"]["text"]
 
 
 def test_bad_accelerator_fails_with_catalog_candidates(results):

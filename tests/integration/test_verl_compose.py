@@ -30,6 +30,12 @@ def test_gsm8k_overrides_compose_and_validate():
     assert any("checkpoint callback" in c for c in result.checks)
 
 
+def test_warmup_and_epochs_compose_into_verls_own_keys():
+    config = compose_verl_config(_overrides("algorithm.warmup_steps=20", "algorithm.total_epochs=3"))
+    assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 20 and config.trainer.total_epochs == 3
+    validate_verl_overrides(_overrides("algorithm.warmup_steps=20", "algorithm.total_epochs=3"), check_reward=False)
+
+
 @pytest.mark.parametrize("extra", [
     ["verl.adv_estimator=rloo", "verl.strategy=megatron"],
     ["verl.adv_estimator=reinforce_plus_plus", "verl.rollout_engine=sglang", "algorithm.kl_coef=0.001"],

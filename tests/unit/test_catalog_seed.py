@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from verl_grpo.providers.skypilot.dry_run import seed_catalog_cache
+from verl_grpo.providers.skypilot.cost import seed_catalog_cache
 
 
 def test_seed_copies_missing_files_only(tmp_path, monkeypatch):

@@ -28,11 +28,14 @@ def test_precedence_file_then_env_then_override(tmp_path):
 
 
 def test_every_env_knob_maps_to_a_real_field():
-    values = {"MODEL_NAME": "tiny", "TOTAL_STEPS": "3", "TRAIN_BATCH_SIZE": "5", "ROLLOUTS": "3", "CLIP_LOW": "0.1",
-              "CLIP_HIGH": "0.3", "LR": "2e-5", "TEMPERATURE": "0.7", "TOP_P": "0.9", "TOP_K": "20"}
+    values = {"DATASET": "math", "MODEL_NAME": "tiny", "MODEL": "tiny", "TOTAL_STEPS": "3", "TOTAL_EPOCHS": "2",
+              "TRAIN_BATCH_SIZE": "5", "BATCH_SIZE": "5", "WARMUP_STEPS": "1", "ROLLOUTS": "3", "CLIP_LOW": "0.1",
+              "CLIP_HIGH": "0.3", "LR": "2e-5", "ACTOR_LR": "2e-5", "CRITIC_LR": "3e-5", "TEMPERATURE": "0.7",
+              "TOP_P": "0.9", "TOP_K": "20"}
     assert set(values) == set(ENV_KNOBS)
-    flat = load_config([], env=values).flat()
+    flat = load_config([], ["verl.adv_estimator=gae"], env=values).flat()
     assert flat["algorithm.total_steps"] == 3 and flat["algorithm.top_k"] == 20 and flat["algorithm.lr"] == 2e-5
+    assert flat["verl.critic_lr"] == 3e-5 and flat["dataset.name"] == "math" and flat["algorithm.total_epochs"] == 2
 
 
 def test_unknown_override_names_nearest_key():

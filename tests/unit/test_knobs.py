@@ -8,7 +8,8 @@ from click.testing import CliRunner
 from pydantic import BaseModel
 
 from cli.main import main
-from verl_grpo.config import ENV_KNOBS, RunConfig, load_config
+from verl_grpo.config import ALL_KNOBS, ENV_KNOBS, RunConfig, load_config
+from verl_grpo.config.loader import KNOB_ALSO_SETS
 from verl_grpo.config.schema import accepts_empty
 from verl_grpo.errors import ConfigError
 
@@ -25,10 +26,14 @@ def _leaf_keys(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str
 
 
 LEAF_KEYS = _leaf_keys()
-NUMERIC_KNOBS = [var for var in ENV_KNOBS if var != "MODEL_NAME"]  # any text is a model name or path
-VALID = {"MODEL_NAME": ("tiny", "tiny"), "TOTAL_STEPS": ("7", 7), "TRAIN_BATCH_SIZE": ("3", 3), "ROLLOUTS": ("6", 6),
-         "CLIP_LOW": ("0.1", 0.1), "CLIP_HIGH": ("0.3", 0.3), "LR": ("1e-4", 1e-4), "TEMPERATURE": ("0.7", 0.7),
-         "TOP_P": ("0.9", 0.9), "TOP_K": ("50", 50)}
+NUMERIC_KNOBS = [var for var in ENV_KNOBS if var not in ("MODEL_NAME", "MODEL", "DATASET")]  # text knobs
+VALID = {"DATASET": ("math", "math"), "MODEL_NAME": ("tiny", "tiny"), "MODEL": ("tiny", "tiny"),
+         "TOTAL_STEPS": ("7", 7), "TOTAL_EPOCHS": ("2", 2), "TRAIN_BATCH_SIZE": ("3", 3), "BATCH_SIZE": ("2", 2),
+         "WARMUP_STEPS": ("5", 5), "ROLLOUTS": ("6", 6), "CLIP_LOW": ("0.1", 0.1), "CLIP_HIGH": ("0.3", 0.3),
+         "LR": ("1e-4", 1e-4), "ACTOR_LR": ("3e-6", 3e-6), "CRITIC_LR": ("2e-5", 2e-5), "TEMPERATURE": ("0.6", 0.6),
+         "TOP_P": ("0.9", 0.9), "TOP_K": ("40", 40)}
+NEEDS = {"CRITIC_LR": ["verl.adv_estimator=gae"]}
+"""Overrides a knob needs to be valid (the critic's LR is only read by PPO with a critic)."""
 
 
 def _error(**kwargs) -> str:
@@ -50,16 +55,110 @@ def test_an_env_knob_set_to_nothing_is_one_line_naming_it(var, value):
 @pytest.mark.parametrize("var", NUMERIC_KNOBS)
 def test_an_env_knob_that_does_not_parse_is_one_line_naming_it(var, value):
     message = _error(env={var: value})
-    assert f"{ENV_KNOBS[var]} (env var {var})" in message
+    assert any(f"{key} (env var {var})" in message for key in (ENV_KNOBS[var], *KNOB_ALSO_SETS.get(var, ())))
 
 
 @pytest.mark.parametrize("var", list(ENV_KNOBS))
 def test_valid_env_knobs_still_apply_and_unset_ones_keep_the_default(var):
     raw, expected = VALID[var]
-    flat = load_config([], env={var: raw}).flat()
+    flat = load_config([], NEEDS.get(var, []), env={var: raw}).flat()
     assert flat[ENV_KNOBS[var]] == expected
-    defaults = load_config([], env={}).flat()
+    defaults = load_config([], NEEDS.get(var, []), env={}).flat()
     assert all(flat[key] == defaults[key] for key in ENV_KNOBS.values() if key != ENV_KNOBS[var])
+
+
+def test_every_seed_knob_is_read():
+    assert set(ALL_KNOBS) == {"DATASET", "MODEL", "MODEL_NAME", "BATCH_SIZE", "GRAD_ACCUM", "WARMUP_STEPS",
+                              "TOTAL_EPOCHS", "TOTAL_STEPS", "TRAIN_BATCH_SIZE", "ROLLOUTS", "LR", "ACTOR_LR",
+                              "CRITIC_LR", "CLIP_LOW", "CLIP_HIGH", "TEMPERATURE", "TOP_P", "TOP_K", "USE_RETRIEVAL"}
+
+
+def test_dataset_selects_the_dataset_profile():
+    """DATASET=math with `-c gsm8k -c local` reads math.yaml in gsm8k.yaml's place (math's prompt lengths), and
+    local.yaml still on top."""
+    cfg = load_config(["gsm8k", "local"], env={"DATASET": "math"})
+    assert cfg.dataset.name == "math" and cfg.algorithm.max_prompt_length == 1024
+    assert cfg.algorithm.total_steps == 6  # local.yaml
+    assert load_config(["gsm8k"], env={"DATASET": "mbpp"}).algorithm.train_batch_size == 16
+    assert "unknown dataset 'squad'; use one of gsm8k, math, mbpp" in _error(files=["gsm8k"], env={"DATASET": "squad"})
+
+
+def test_batch_size_is_the_per_device_batch_of_both_backends():
+    cfg = load_config([], env={"BATCH_SIZE": "2"})
+    assert cfg.verl.micro_batch_size_per_gpu == 2 and cfg.trainer.micro_batch_size == 2
+
+
+def test_grad_accum_times_batch_size_is_the_train_batch():
+    """GRAIL's effective batch: data.train_batch_size = BATCH_SIZE × GRAD_ACCUM."""
+    cfg = load_config([], env={"BATCH_SIZE": "2", "GRAD_ACCUM": "16"})
+    assert cfg.algorithm.train_batch_size == 32 and cfg.verl.micro_batch_size_per_gpu == 2
+    same = load_config([], env={"BATCH_SIZE": "2", "GRAD_ACCUM": "16", "TRAIN_BATCH_SIZE": "32"})
+    assert same.algorithm.train_batch_size == 32
+
+
+@pytest.mark.parametrize("env, names", [
+    ({"MODEL": "Qwen/Qwen2.5-1.5B-Instruct", "MODEL_NAME": "Qwen/Qwen2.5-3B-Instruct"},
+     ["MODEL='Qwen/Qwen2.5-1.5B-Instruct'", "MODEL_NAME='Qwen/Qwen2.5-3B-Instruct'", "unset MODEL"]),
+    ({"ACTOR_LR": "1e-6", "LR": "3e-6"}, ["ACTOR_LR='1e-6'", "LR='3e-6'", "unset ACTOR_LR"]),
+    ({"BATCH_SIZE": "2", "GRAD_ACCUM": "4", "TRAIN_BATCH_SIZE": "16"},
+     ["BATCH_SIZE='2' × GRAD_ACCUM='4' = 8", "TRAIN_BATCH_SIZE='16'", "unset TRAIN_BATCH_SIZE or GRAD_ACCUM"]),
+    ({"GRAD_ACCUM": "4"}, ["env var GRAD_ACCUM", "set BATCH_SIZE"]),
+    ({"CRITIC_LR": "1e-5"}, ["env var CRITIC_LR", "verl.adv_estimator=gae", "unset CRITIC_LR"]),
+])
+def test_conflicting_knobs_are_one_error_naming_both_and_the_fix(env, names):
+    message = _error(files=[], env=env)
+    assert all(name in message for name in names), message
+
+
+def test_two_names_of_one_knob_may_agree():
+    assert load_config([], env={"MODEL": "tiny", "MODEL_NAME": "tiny"}).model.name == "tiny"
+    assert load_config([], env={"ACTOR_LR": "1e-6", "LR": "0.000001"}).algorithm.lr == 1e-6
+
+
+@pytest.mark.parametrize("var, value", [("GRAD_ACCUM", ""), ("GRAD_ACCUM", " "), ("GRAD_ACCUM", "0"),
+                                        ("GRAD_ACCUM", "two"), ("GRAD_ACCUM", "1.5"), ("USE_RETRIEVAL", ""),
+                                        ("USE_RETRIEVAL", "maybe"), ("USE_RETRIEVAL", "2")])
+def test_derived_knobs_reject_bad_values_naming_them(var, value):
+    message = _error(files=[], env={"BATCH_SIZE": "2", var: value})
+    assert message.startswith(f"env var {var}: ") and f"unset {var}" in message
+
+
+def test_use_retrieval_switches_the_retrieval_server():
+    assert load_config([], env={"USE_RETRIEVAL": "true"}).services.enabled == ["retrieval"]
+    both = load_config([], ["services.enabled=[reward]"], env={"USE_RETRIEVAL": "1"})
+    assert both.services.enabled == ["reward"]  # -o comes after the env knobs
+    f_cfg = load_config([], env={"USE_RETRIEVAL": "false"})
+    assert f_cfg.services.enabled == []
+
+
+def test_use_retrieval_false_removes_it_from_a_config_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("services: [reward, retrieval]\n")
+    assert load_config([f], env={"USE_RETRIEVAL": "false"}).services.enabled == ["reward"]
+    assert load_config([f], env={"USE_RETRIEVAL": "true"}).services.enabled == ["reward", "retrieval"]
+
+
+def test_warmup_and_epochs_reach_both_backends(tmp_path):
+    from verl_grpo.trainers.trl.backend import grpo_args
+    from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
+
+    cfg = load_config([], ["infra.accelerators=H100:1"], env={"WARMUP_STEPS": "3", "TOTAL_EPOCHS": "2",
+                                                               "TOTAL_STEPS": "100", "TRAIN_BATCH_SIZE": "8"})
+    ov = verl_overrides(cfg, {"train": "t", "val": "v"}, VerlPaths("/c"), "r", env={})
+    assert "actor_rollout_ref.actor.optim.lr_warmup_steps=3" in ov and "trainer.total_epochs=2" in ov
+    assert "trainer.total_training_steps=100" in ov  # verl stops at whichever comes first
+    assert cfg.algorithm.planned_steps(40) == 10 and cfg.algorithm.planned_steps(4000) == 100
+    assert cfg.algorithm.planned_steps(None) == 100
+    args = grpo_args(cfg, tmp_path, use_cpu=True, total_steps=cfg.algorithm.planned_steps(40))
+    assert args.warmup_steps == 3 and args.lr_scheduler_type == "constant_with_warmup" and args.max_steps == 10
+
+
+def test_the_cpu_profile_keeps_its_measured_sampling_and_cluster_configs_follow_the_seeds():
+    for dataset in ("gsm8k", "math", "mbpp"):
+        local = load_config([dataset, "local"], env={}).algorithm
+        assert (local.temperature, local.top_p, local.top_k, local.warmup_steps) == (1.0, 1.0, -1, 0)
+        cluster = load_config([dataset], env={}).algorithm
+        assert (cluster.temperature, cluster.top_p, cluster.top_k) == (0.7, 0.95, 50)
 
 
 def test_a_model_name_is_the_text_given():

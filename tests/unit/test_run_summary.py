@@ -5,7 +5,7 @@ from metrics_lines import COMPONENTS, trl_lines
 from cli.main import _print_where_to_look
 from verl_grpo.comparison import MetricChange
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.reward_curve import reward_curve
 from verl_grpo.summary import summary_dict, summary_markdown
 
@@ -57,3 +57,22 @@ def test_summary_artifact_shows_the_curve_as_a_table_and_names_the_png():
     assert "| 3 | 0.030 | 0.003 |" in md
     assert f"PNG: `{PNG}`" in md and "| reward_curve |" not in md  # the curve is a table, not a fact
     assert "| reward/no_trailing | 0.1000 | 0.2000 | 0.1000 | Wilcoxon p=0.01 |" in md
+
+
+def test_the_actual_cloud_cost_is_printed_and_the_local_provider_says_nothing(capsys):
+    cost = RunCost(node_hours=4.5, cost_usd=65.0, run_hours=2.03, jobs=2, recoveries=1, pricing="spot",
+                   priced_at="spot runpod/US")
+    dataset = DatasetVersion(name="gsm8k", hash="h1", uri="file:///d", splits={}, counts={})
+    result = TrainResult(run_id="run-1", final_step=40, checkpoint=None, model_uri="file:///m", metrics_uri="file:///m")
+    report = EvalReport(model_uri="m", split="test", n=50, metrics={"accuracy": 0.3}, table_uri="t", settings_key="s")
+    sky = RunConfig.model_validate({"infra": {"provider": "skypilot"}})
+    version = ModelVersion(name="v", version="2", mlflow_run_id="abc", cloud_cost=cost)
+    summary = summary_dict(sky, "run-1", dataset, result, report, report, version)
+    _print_where_to_look(summary, sky)
+
+    out = capsys.readouterr().out
+    assert "  cloud cost        4.50 node-hours (2.03 h running, 1 recoveries, 2 job(s)): $65.00 at spot runpod/US" in out
+    assert "| cloud_cost | 4.50 node-hours" in summary_markdown(summary, "abc")
+    local = summary_dict(RunConfig(), "run-1", dataset, result, report, report, version.model_copy(
+        update={"cloud_cost": None}))
+    assert "cloud_cost" not in local

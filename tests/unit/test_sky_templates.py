@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
 
 
 SERVICES_ON = "services.enabled=[data,reward,retrieval]"
+CKPT_MOUNT = "s3://bucket/store/runs/run-1/checkpoints"
+"""What VerlTrainer.plan mounts at the checkpoint dir of a multi-node run (backend.checkpoint_mount)."""
 
 
 def _cfg(shape: str, *extra: str):
@@ -38,7 +41,8 @@ def _render(shape: str, env: dict[str, str], *extra: str) -> templates.RenderedT
                      overrides=ov, total_steps=20,
                      env={DATASET_URI_ENV: "s3://bucket/store/datasets/gsm8k/abc123", DATASET_MOUNT_ENV: MOUNT,
                           "MLFLOW_TRACKING_URI": "sqlite:////tmp/verl-grpo/mlflow.db",
-                          **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2)})
+                          **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2,
+                                           CKPT_MOUNT if cfg.infra.nodes > 1 else None)})
     return templates.render(cfg, spec, env, workdir="/src/verl-grpo")
 
 
@@ -64,7 +68,11 @@ def test_secrets_by_name_only_and_trainer_is_primary(shape):
     trainer = tasks[-1]
     assert trainer["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
     assert trainer["resources"]["use_spot"] is True and trainer["num_nodes"] == 2
-    assert trainer["file_mounts"] == {MOUNT: "s3://bucket/store/datasets/gsm8k/abc123"}
+    assert trainer["file_mounts"] == {MOUNT: "s3://bucket/store/datasets/gsm8k/abc123",
+                                      "/tmp/verl-grpo/checkpoints/run-1": {"source": CKPT_MOUNT,
+                                                                           "mode": "MOUNT_CACHED"}}
+    for service in tasks[:-1]:  # only the trainer's nodes write checkpoints
+        assert "/tmp/verl-grpo/checkpoints/run-1" not in service.get("file_mounts", {})
     if rendered.is_job_group:
         assert docs[0]["execution"] == "parallel" and docs[0]["primary_tasks"] == ["verl-trainer"]
 
@@ -83,7 +91,7 @@ def test_trainer_restores_before_and_finalizes_after_main_ppo():
     run = trainer["run"]
     restore = run.index("python -m verl_grpo.trainers.verl.restore --dataset-uri s3://bucket/store/datasets/gsm8k/abc123")
     train = run.index("python -m verl.trainer.main_ppo")
-    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size 8")
+    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size \"$TRAIN_BATCH_SIZE\"")
     assert restore < run.index('if [ "$SKYPILOT_NODE_RANK" = "0" ]') < train < finalize
     assert trainer["envs"]["VERL_GRPO_STORE_URI"] == "s3://bucket/store"
     assert trainer["envs"]["VERL_GRPO_CHECKPOINT_DIR"] == "/tmp/verl-grpo/checkpoints/run-1"
@@ -142,7 +150,8 @@ def test_job_group_runs_only_enabled_services_with_their_settings():
     run = tasks[0]["run"]
     assert "--max-items 77" in run and "--reward-model /m/rm" in run
     assert "--token-env VERL_GRPO_SERVICES_TOKEN" in run
-    assert "RETRIEVAL" not in tasks[-1]["run"] and "DATA_SERVER" not in tasks[-1]["run"]
+    assert "RETRIEVAL_SERVER" not in tasks[-1]["run"] and "DATA_SERVER" not in tasks[-1]["run"]
+    assert "multi_turn" not in tasks[-1]["run"] and tasks[-1]["envs"]["USE_RETRIEVAL"] == "false"
 
 
 def test_job_group_without_services_runs_the_reward_server_and_the_config_says_so():
@@ -187,3 +196,92 @@ def test_every_task_installs_into_and_runs_in_a_venv_of_the_required_python(shap
 def test_python_version_follows_requires_python(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.12,<3.14"\n')
     assert templates.python_version(tmp_path / "pyproject.toml") == "3.12"
+
+
+def _launch_with_env(shape: str, changes: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+    """Run the trainer's knob lines and main_ppo command from the rendered YAML as `sky jobs launch --env` would:
+    the task's envs overlaid by `changes`; `python` prints the arguments it would get."""
+    trainer = list(yaml.safe_load_all(_render(shape, {}, *extra).yaml))[-1]
+    lines = trainer["run"].splitlines()
+    start = next(i for i, line in enumerate(lines) if "knob() {" in line) - 1
+    end = next(i for i, line in enumerate(lines) if "python -m verl.trainer.main_ppo" in line)
+    script = "\n".join(["set -euo pipefail", "python() { printf '%s\\n' \"$@\"; }", *lines[start:end + 1]])
+    env = {"PATH": os.environ["PATH"], **{k: str(v) for k, v in trainer["envs"].items()}, **changes}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+
+
+def _main_ppo_args(shape: str, changes: dict[str, str], *extra: str) -> dict[str, str]:
+    result = _launch_with_env(shape, changes, *extra)
+    assert result.returncode == 0, result.stderr
+    args = result.stdout.splitlines()
+    assert args[:2] == ["-m", "verl.trainer.main_ppo"]
+    return dict(arg.partition("=")[::2] for arg in args[2:])
+
+
+@pytest.mark.parametrize("shape", ["multinode", "job_group"])
+def test_the_rendered_envs_reproduce_the_run_exactly(shape):
+    cfg = _cfg(shape)
+    files = {"train": f"{MOUNT}/train.parquet", "val": f"{MOUNT}/val.parquet"}
+    expected = verl_overrides(cfg, files, VerlPaths("/tmp/verl-grpo/checkpoints/run-1"), "run-1", env={})
+    assert _main_ppo_args(shape, {}) == dict(o.partition("=")[::2] for o in expected)
+
+
+def test_env_knobs_at_launch_change_main_ppo_as_in_the_seeds():
+    args = _main_ppo_args("multinode", {"MODEL_NAME": "Qwen/Qwen2.5-1.5B-Instruct", "TOTAL_STEPS": "50",
+                                        "TEMPERATURE": "0.9", "TOP_K": "20", "ACTOR_LR": "3e-6", "ROLLOUTS": "16",
+                                        "WARMUP_STEPS": "20", "TOTAL_EPOCHS": "3", "CLIP_HIGH": "0.3"})
+    assert args["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert args["trainer.total_training_steps"] == "50" and args["trainer.total_epochs"] == "3"
+    assert args["actor_rollout_ref.rollout.temperature"] == "0.9" and args["actor_rollout_ref.rollout.top_k"] == "20"
+    assert args["actor_rollout_ref.actor.optim.lr"] == "3e-6" and args["actor_rollout_ref.rollout.n"] == "16"
+    assert args["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "20"
+    assert args["actor_rollout_ref.actor.clip_ratio_high"] == "0.3"
+    assert _main_ppo_args("multinode", {"MODEL": "Qwen/Qwen2.5-3B-Instruct"})["actor_rollout_ref.model.path"] == \
+        "Qwen/Qwen2.5-3B-Instruct"
+
+
+def test_grad_accum_at_launch_sets_the_train_and_mini_batch():
+    args = _main_ppo_args("multinode", {"BATCH_SIZE": "2", "GRAD_ACCUM": "16"})
+    assert args["data.train_batch_size"] == "32" and args["actor_rollout_ref.actor.ppo_mini_batch_size"] == "32"
+    assert args["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "2"
+    assert args["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == "2"
+
+
+def test_use_retrieval_at_launch_turns_the_search_tool_off():
+    on = _main_ppo_args("job_group", {})
+    assert on["actor_rollout_ref.rollout.multi_turn.enable"] == "True"
+    assert "actor_rollout_ref.rollout.multi_turn.enable" not in _main_ppo_args("job_group", {"USE_RETRIEVAL": "false"})
+
+
+@pytest.mark.parametrize("shape, changes, says", [
+    ("multinode", {"MODEL": "a/b", "MODEL_NAME": "c/d"}, "env vars MODEL_NAME=c/d and MODEL=a/b disagree"),
+    ("multinode", {"LR": "1e-5", "ACTOR_LR": "2e-5"}, "env vars LR=1e-5 and ACTOR_LR=2e-5 disagree"),
+    ("multinode", {"BATCH_SIZE": "2", "GRAD_ACCUM": "4", "TRAIN_BATCH_SIZE": "16"},
+     "BATCH_SIZE × GRAD_ACCUM (8) and TRAIN_BATCH_SIZE=16 disagree"),
+    ("multinode", {"DATASET": "math"}, "DATASET=math: this task trains the prepared gsm8k data"),
+    ("multinode", {"USE_RETRIEVAL": "true"}, "this task runs no retrieval-server"),
+    ("job_group", {"USE_RETRIEVAL": "perhaps"}, "USE_RETRIEVAL=perhaps is not true/false"),
+])
+def test_conflicting_env_knobs_at_launch_fail_before_main_ppo(shape, changes, says):
+    result = _launch_with_env(shape, changes)
+    assert result.returncode != 0 and says in result.stderr and "main_ppo" not in result.stdout
+
+
+def test_the_knob_envs_are_on_the_trainer_only_and_never_secrets():
+    docs = list(yaml.safe_load_all(_render("job_group", {"WANDB_API_KEY": "sekret-123"}).yaml))
+    assert all("TOTAL_STEPS" not in d["envs"] for d in docs[1:-1]) and docs[-1]["envs"]["TOTAL_STEPS"] == "20"
+    assert "TOTAL_EPOCHS" not in docs[-1]["envs"]  # rendered only when the run sets it
+    epochs = list(yaml.safe_load_all(_render("multinode", {}, "algorithm.total_epochs=2").yaml))[-1]
+    assert epochs["envs"]["TOTAL_EPOCHS"] == "2"
+
+
+def test_multinode_checkpoints_need_a_bucket_and_a_managed_job():
+    with pytest.raises(ConfigError, match=r"storage.uri .* is no bucket; set storage.uri=s3://"):
+        templates.checkpoint_mount(_cfg("multinode", "storage.uri=file:///tmp/store"),
+                                   TrainSpec(backend="verl", run_id="r", command=[], overrides=[], total_steps=1,
+                                             env=checkpoint_env("file:///tmp/store", None, "r", "/tmp/c", 2,
+                                                                "file:///tmp/store/runs/r/checkpoints")))
+    with pytest.raises(ConfigError, match="sky exec.* mounts no bucket"):
+        _render("multinode", {}, "skypilot.cluster=mine")
+    single = _render("multinode", {}, "infra.nodes=1")
+    assert "MOUNT_CACHED" not in single.yaml

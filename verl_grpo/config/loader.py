@@ -15,23 +15,43 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from verl_grpo.config.schema import RunConfig, accepts_empty
+from verl_grpo.config.schema import DatasetName, RunConfig, accepts_empty
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import configs_dir
 
-# The env-var knobs of the public examples this pipeline grew out of.
+# The env-var knobs of the public examples this pipeline grew out of (SkyPilot's llm/verl and verl-jobgroup tasks,
+# the GRAIL verl/TRL scripts), each with the meaning it has there. MODEL/MODEL_NAME and LR/ACTOR_LR are two names
+# of one knob; BATCH_SIZE is the per-device batch (it also sets trainer.micro_batch_size, TRL's); GRAD_ACCUM,
+# USE_RETRIEVAL and DATASET's profile switch are handled by _derived_knobs / _dataset_profiles.
 ENV_KNOBS: dict[str, str] = {
+    "DATASET": "dataset.name",
     "MODEL_NAME": "model.name",
+    "MODEL": "model.name",
     "TOTAL_STEPS": "algorithm.total_steps",
+    "TOTAL_EPOCHS": "algorithm.total_epochs",
     "TRAIN_BATCH_SIZE": "algorithm.train_batch_size",
+    "BATCH_SIZE": "verl.micro_batch_size_per_gpu",
+    "WARMUP_STEPS": "algorithm.warmup_steps",
     "ROLLOUTS": "algorithm.rollouts",
     "CLIP_LOW": "algorithm.clip_low",
     "CLIP_HIGH": "algorithm.clip_high",
     "LR": "algorithm.lr",
+    "ACTOR_LR": "algorithm.lr",
+    "CRITIC_LR": "verl.critic_lr",
     "TEMPERATURE": "algorithm.temperature",
     "TOP_P": "algorithm.top_p",
     "TOP_K": "algorithm.top_k",
 }
+KNOB_ALSO_SETS: dict[str, tuple[str, ...]] = {"BATCH_SIZE": ("trainer.micro_batch_size",)}
+"""Knobs that set more than their ENV_KNOBS key: the seeds' per-device batch is verl's micro batch per GPU and the
+TRL backend's completions per forward/backward pass alike."""
+ALIASES: tuple[tuple[str, str], ...] = (("MODEL", "MODEL_NAME"), ("ACTOR_LR", "LR"))
+"""Two names of one knob: both may be set only to the same value."""
+DERIVED_KNOBS: tuple[str, ...] = ("GRAD_ACCUM", "USE_RETRIEVAL")
+"""Knobs that are no config key of their own: GRAD_ACCUM sets algorithm.train_batch_size = BATCH_SIZE × GRAD_ACCUM
+(the seeds' effective batch), USE_RETRIEVAL adds or removes `retrieval` in services.enabled."""
+ALL_KNOBS: tuple[str, ...] = (*ENV_KNOBS, *DERIVED_KNOBS)
+KNOB_ORIGINS = {f"env var {var}" for var in KNOB_ALSO_SETS}
 
 DEFAULT_PROFILES: tuple[str, ...] = ("gsm8k",)
 """The shipped profiles of a run that names no config file (what the CLI without `-c` and the flow default to)."""
@@ -60,13 +80,15 @@ def load_config(
     env = os.environ if env is None else env
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    for f in files:
+    for f in _dataset_profiles(files, env):
         _deep_merge(merged, _read_yaml(resolve_config_path(f)))
-    for var, key in ENV_KNOBS.items():
-        if var in env:
-            origin = f"env var {var}"
-            _set_dotted(merged, key, _parse_value(key, env[var], origin, f"unset {var} to use the default"), origin)
+    knobs = _knob_values(env)
+    for var, value in knobs.items():
+        origin = f"env var {var}"
+        for key in (ENV_KNOBS[var], *KNOB_ALSO_SETS.get(var, ())):
+            _set_dotted(merged, key, value, origin)
             origins[key] = origin
+    _derived_knobs(merged, origins, knobs, env)
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -78,9 +100,102 @@ def load_config(
         origins[key] = origin
     _check_keys(merged, RunConfig, prefix="")
     try:
-        return RunConfig.model_validate(merged)
+        cfg = RunConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(e, origins)) from None
+    if "CRITIC_LR" in knobs and cfg.verl.adv_estimator != "gae":
+        raise ConfigError(f"env var CRITIC_LR: the critic's learning rate is only used by PPO with a critic "
+                          f"(verl.adv_estimator=gae), and this run uses {cfg.verl.adv_estimator!r}; set "
+                          "-o verl.adv_estimator=gae or unset CRITIC_LR")
+    return cfg
+
+
+def _knob_values(env: Mapping[str, str]) -> dict[str, Any]:
+    """The parsed value of every set ENV_KNOBS knob; two names of one knob (ALIASES) must agree."""
+    values = {var: _parse_value(key, env[var], f"env var {var}", f"unset {var} to use the default")
+              for var, key in ENV_KNOBS.items() if var in env}
+    for alias, name in ALIASES:
+        if alias in values and name in values and not _same(values[alias], values[name]):
+            raise ConfigError(f"env vars {alias}={env[alias]!r} and {name}={env[name]!r} both set "
+                              f"{ENV_KNOBS[name]} and disagree; they are one knob: unset {alias} or give both the "
+                              "same value")
+    return values
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, `1e-6` and `0.000001` included (YAML reads an exponent without a dot as text)."""
+    try:
+        return a == b or float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _dataset_profiles(files: Sequence[str | Path], env: Mapping[str, str]) -> list[str | Path]:
+    """The files to read: with DATASET set, a shipped dataset profile among them (gsm8k, math, mbpp) is replaced by
+    DATASET's, as the seeds' DATASET picks the dataset together with its lengths and batch sizes."""
+    if "DATASET" not in env:
+        return list(files)
+    name = _parse_value("dataset.name", env["DATASET"], "env var DATASET", "unset DATASET to use the default")
+    names = get_args(DatasetName)
+    if name not in names:
+        raise ConfigError(f"dataset.name (env var DATASET): unknown dataset {name!r}; use one of {', '.join(names)}")
+    profiles = {(configs_dir() / f"{n}.yaml").resolve() for n in names}
+    return [configs_dir() / f"{name}.yaml" if resolve_config_path(f).resolve() in profiles else f for f in files]
+
+
+def _derived_knobs(merged: dict[str, Any], origins: dict[str, str], knobs: Mapping[str, Any],
+                   env: Mapping[str, str]) -> None:
+    if "GRAD_ACCUM" in env:
+        accum = _positive_int("GRAD_ACCUM", env["GRAD_ACCUM"], "gradient-accumulation steps per optimizer step")
+        if "BATCH_SIZE" not in knobs:
+            raise ConfigError("env var GRAD_ACCUM: the train batch is BATCH_SIZE × GRAD_ACCUM prompts; set "
+                              "BATCH_SIZE (the per-device batch) too, or set TRAIN_BATCH_SIZE instead")
+        batch = knobs["BATCH_SIZE"]
+        if not isinstance(batch, int) or isinstance(batch, bool):
+            return  # the field's own validation names BATCH_SIZE
+        product = batch * accum
+        if "TRAIN_BATCH_SIZE" in knobs and knobs["TRAIN_BATCH_SIZE"] != product:
+            raise ConfigError(f"env vars BATCH_SIZE={env['BATCH_SIZE']!r} × GRAD_ACCUM={env['GRAD_ACCUM']!r} = "
+                              f"{product} and TRAIN_BATCH_SIZE={env['TRAIN_BATCH_SIZE']!r} both set "
+                              "algorithm.train_batch_size and disagree; unset TRAIN_BATCH_SIZE or GRAD_ACCUM")
+        origin = "env vars BATCH_SIZE × GRAD_ACCUM"
+        _set_dotted(merged, "algorithm.train_batch_size", product, origin)
+        origins["algorithm.train_batch_size"] = origin
+    if "USE_RETRIEVAL" in env:
+        use = _boolean("USE_RETRIEVAL", env["USE_RETRIEVAL"], "run the retrieval-server and verl's search tool")
+        services = merged.get("services")
+        section = {"enabled": services} if isinstance(services, list) else dict(services or {})
+        enabled = [s for s in section.get("enabled") or [] if s != "retrieval"]
+        section["enabled"] = [*enabled, "retrieval"] if use else enabled
+        merged["services"] = section
+        origins["services.enabled"] = "env var USE_RETRIEVAL"
+
+
+def _positive_int(var: str, raw: str, meaning: str) -> int:
+    if not raw.strip():
+        raise ConfigError(f"env var {var}: empty value; give the {meaning} or unset {var}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"env var {var}: {raw!r} is not a whole number >= 1; give the {meaning} or unset {var}")
+    return value
+
+
+def _boolean(var: str, raw: str, meaning: str) -> bool:
+    if not raw.strip():
+        raise ConfigError(f"env var {var}: empty value; set {var}=true ({meaning}) or false, or unset {var}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = None
+    if value in (0, 1) and not isinstance(value, float):
+        value = bool(value)
+    if not isinstance(value, bool):
+        raise ConfigError(f"env var {var}: {raw!r} is not true/false; set {var}=true ({meaning}) or false, "
+                          f"or unset {var}")
+    return value
 
 
 def resolve_config_path(f: str | Path) -> Path:
@@ -201,11 +316,16 @@ def _unknown_key_message(prefix: str, key: str, model: type[BaseModel], origin: 
 def _format_validation_error(e: ValidationError, origins: Mapping[str, str]) -> str:
     """One line per invalid value, naming the key and the env var or override it came from."""
     lines = []
+    knobs_named: set[str] = set()
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         source = next((origins[k] for k in sorted(origins, key=len, reverse=True)
                        if loc == k or loc.startswith(f"{k}.")), None)
+        if source in KNOB_ORIGINS:  # a knob that sets two keys (BATCH_SIZE) is named once
+            if source in knobs_named:
+                continue
+            knobs_named.add(source)
         where = f"{loc} ({source})" if source else loc
         # a whole-config check names its own fields; echoing its input would print the entire config
         lines.append(f"{where}: {msg} (got {err.get('input')!r})" if loc else f"config: {msg}")

@@ -89,13 +89,16 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to the reference model (verl kl_loss_coef, TRL beta); 0 disables the reference model."""
     lr: float = Field(1e-6, gt=0)
-    """Actor learning rate."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of rollouts."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling of rollouts (1.0 disables)."""
-    top_k: int = Field(-1, ge=-1)
-    """Top-k sampling of rollouts (-1 or 0 disables)."""
+    """Actor learning rate (the seeds' LR / ACTOR_LR)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over the first this many steps, then constant (verl actor
+    optim.lr_warmup_steps, TRL warmup_steps with a constant_with_warmup schedule); 0: constant from step 1."""
+    temperature: float = Field(0.7, gt=0)
+    """Sampling temperature of rollouts (0.7 as in the GRAIL seed scripts)."""
+    top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus sampling of rollouts (1.0 disables; 0.95 as in the GRAIL seed scripts)."""
+    top_k: int = Field(50, ge=-1)
+    """Top-k sampling of rollouts (-1 or 0 disables; 50 as in the GRAIL seed scripts)."""
     max_prompt_length: int = Field(512, gt=0)
     """Prompt token budget; longer prompts are quarantined during preparation."""
     max_response_length: int = Field(256, gt=0)
@@ -103,11 +106,23 @@ class AlgorithmConfig(_Section):
     train_batch_size: int = Field(8, ge=1)
     """Prompts per training step (each sampled `rollouts` times)."""
     total_steps: int = Field(20, ge=1)
-    """Optimizer steps of the run."""
+    """Optimizer steps of the run (verl trainer.total_training_steps, TRL max_steps)."""
+    total_epochs: int | None = Field(None, ge=1)
+    """End the run after this many passes over the train split if that comes before total_steps (verl
+    trainer.total_epochs, whose loop stops at whichever comes first; the seeds' TOTAL_EPOCHS beside TOTAL_STEPS);
+    None: total_steps alone decides and the prompts are cycled."""
     save_freq: int = Field(5, ge=1)
     """Checkpoint every this many steps (and always at the last step)."""
     seed: int = 42
     """Training seed (sampling order, generation, init of anything random)."""
+
+    def planned_steps(self, train_rows: int | None) -> int:
+        """The steps this run trains over a train split of train_rows prompts: total_steps, or total_epochs passes
+        of whole batches when that is fewer (verl drops a last partial batch); total_steps when rows are unknown."""
+        if self.total_epochs is None or train_rows is None:
+            return self.total_steps
+        per_epoch = max(1, train_rows // self.train_batch_size)
+        return min(self.total_steps, self.total_epochs * per_epoch)
 
     @model_validator(mode="after")
     def _clip_order(self) -> "AlgorithmConfig":
@@ -164,7 +179,11 @@ class InfraConfig(_Section):
     accelerators: str | None = None
     """SkyPilot accelerator spec per node, e.g. `H100:8`; None on the local provider."""
     nodes: int = Field(1, ge=1)
-    """Number of nodes of the training cluster."""
+    """Number of nodes of the training cluster. With more than 1 (verl on skypilot), trainer.default_local_dir is
+    the store's `runs/<run_id>/checkpoints` mounted on every node (SkyPilot MOUNT_CACHED): each node's FSDP shards
+    reach the bucket through its mount and a checkpoint counts once its manifest is committed there. So it needs
+    storage.uri=s3://bucket/prefix (that SkyPilot can mount) and a managed job (no skypilot.cluster: `sky exec`
+    mounts no bucket)."""
     spot: bool = False
     """Use spot instances (preemptible, recovered from the last checkpoint) where SkyPilot's catalog sells them for
     infra.accelerators (in skypilot.cloud/region when set); where no offer does, the task runs on-demand and the
@@ -309,7 +328,7 @@ class VerlConfig(_Section):
     micro_batch_size_per_gpu: int = Field(4, ge=1)
     """Sequences per GPU per forward/backward pass (actor, ref and log-prob recomputation)."""
     critic_lr: float = Field(1e-5, gt=0)
-    """Critic learning rate (only used by adv_estimator=gae)."""
+    """Critic learning rate (the seeds' CRITIC_LR; only used by adv_estimator=gae)."""
     test_freq: int = Field(5, ge=-1)
     """Validate every this many steps; -1 disables."""
     extra_overrides: list[str] = Field(default_factory=list)
@@ -338,6 +357,15 @@ class SkyPilotConfig(_Section):
     """Rollout servers behind the router (rollout_group shape)."""
     step_seconds: float = Field(120.0, gt=0)
     """Your estimate of seconds per training step, used only for the dry-run cost estimate."""
+    eval_minutes: float = Field(20.0, gt=0)
+    """Your estimate of the held-out eval task's minutes (provisioning, setup, model download, vLLM generation),
+    used only for the dry-run cost estimate."""
+    spot_preemptions_per_hour: float = Field(0.1, ge=0)
+    """Expected spot preemptions per hour of training, used only for the cost estimate's preemption overhead
+    (each loses half a save interval of steps plus skypilot.recovery_minutes)."""
+    recovery_minutes: float = Field(10.0, ge=0)
+    """Minutes one preemption costs besides the lost steps (new nodes provisioned, setup, checkpoint restored),
+    used only for the cost estimate's preemption overhead."""
     eval_accelerators: str | None = None
     """Accelerators of the held-out eval task (vLLM, tensor-parallel over all of them), e.g. `H100:1`; None uses
     infra.accelerators' GPU type × verl.rollout_tp (the GPUs one rollout engine needs)."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpec
+from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, RunCost, TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class Provider(Protocol):
 
     def down(self, cluster: Cluster) -> None:
         """Release the compute; idempotent and safe after a crash."""
+
+    def run_cost(self, cfg: RunConfig, run_id: str) -> RunCost | None:
+        """What the run's jobs cost on this provider, from their timelines; None where nothing is billed."""
 
 
 def follow_job(provider: Provider, job: Job, on_line: LineSink | None = None) -> JobState:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import Cluster, Job, JobState, TrainSpec
+from verl_grpo.contracts import Cluster, Job, JobState, RunCost, TrainSpec
 from verl_grpo.paths import state_dir
 from verl_grpo.procs import die_with_parent, pid_alive, runs_command, stop_process_group
 from verl_grpo.services.local_group import services_env, start_local_services, stop_local_services
@@ -100,6 +100,10 @@ class LocalProvider:
             return
         if stop_process_group(pid, self.cancel_grace_s, lambda _: self.status(job).phase == "RUNNING", poll_s=0.2):
             self._reap(pid)
+
+    def run_cost(self, cfg: RunConfig, run_id: str) -> RunCost | None:
+        """This machine bills nothing: no cloud cost."""
+        return None
 
     def down(self, cluster: Cluster) -> None:
         job = self._live_job(Path(cluster.workdir))

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from verl_grpo import runs
 from verl_grpo.comparison import read_table
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.mirrors import RunMetrics
 from verl_grpo.registry import plots, tracking
@@ -71,6 +71,7 @@ def register_run(
     tags: Mapping[str, str],
     promotion_p_value: float = DEFAULT_PROMOTION_P_VALUE,
     champion_report: EvalReport | None = None,
+    cloud_cost: RunCost | None = None,
 ) -> ModelVersion:
     """Log the run (params, training curves, eval metrics, artifacts, model) and register its model version.
 
@@ -78,16 +79,18 @@ def register_run(
     registry.lines; then it is registered and nothing else); `champion` moves to it when there is none yet, or
     when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
     the champion re-evaluated with this run's settings, for when the champion's own eval used other settings.
+    `cloud_cost` (the run's actual cloud cost, SkyPilot provider) goes on the run as `cloud/*` metrics and
+    `cloud.*` params.
     """
     assert_no_secrets(tags, "register_run tags")
     with tracking.infra_errors(cfg.tracking.mlflow_uri):
         return _register(cfg, run_id, dataset, train, report, base_report, store, tags, promotion_p_value,
-                         champion_report)
+                         champion_report, cloud_cost)
 
 
 def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: TrainResult, report: EvalReport,
               base_report: EvalReport | None, store: Store, tags: Mapping[str, str], promotion_p_value: float,
-              champion_report: EvalReport | None) -> ModelVersion:
+              champion_report: EvalReport | None, cloud_cost: RunCost | None = None) -> ModelVersion:
     started = time.monotonic()
     client = tracking.client_for(cfg.tracking.mlflow_uri)
     exp_id = tracking.experiment_id(client, cfg.experiment_name,
@@ -107,6 +110,10 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     tracking.log_metrics(client, mlflow_run_id, {**summary, FINAL_STEP_METRIC: train.final_step}, step=train.final_step,
                          model_id=model.model_id)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
+    if cloud_cost is not None:
+        tracking.log_metrics(client, mlflow_run_id, cloud_cost_metrics(cloud_cost), step=train.final_step)
+        tracking.log_params(client, mlflow_run_id, {"cloud.pricing": cloud_cost.pricing,
+                                                    "cloud.priced_at": cloud_cost.priced_at})
 
     ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
     version_tags = {key: run_tags[key] for key in VERSION_TAGS}
@@ -122,7 +129,14 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     log.info("registered %s v%s (%s) in %.1fs: %s", name, version.version, "new" if created else "existing",
              time.monotonic() - started, decision.reason)
     return ModelVersion(name=name, version=str(version.version), aliases=sorted(aliases), mlflow_run_id=mlflow_run_id,
-                        decision=decision.reason, mirrors=mirrored)
+                        decision=decision.reason, mirrors=mirrored, cloud_cost=cloud_cost)
+
+
+def cloud_cost_metrics(cost: RunCost) -> dict[str, float]:
+    """`cloud/node_hours`, `cloud/run_hours`, `cloud/recoveries`, `cloud/jobs` and `cloud/cost_usd` (when priced)."""
+    metrics = {"cloud/node_hours": cost.node_hours, "cloud/run_hours": cost.run_hours,
+               "cloud/recoveries": float(cost.recoveries), "cloud/jobs": float(cost.jobs)}
+    return metrics | ({"cloud/cost_usd": cost.cost_usd} if cost.cost_usd is not None else {})
 
 
 def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:

@@ -5,6 +5,7 @@ unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing
 started, like a preempted VM; a mount namespace with the node's own /tmp and an /etc/hosts that resolves the
 job group's `<task>-<rank>.<group>` names to 127.0.0.1). Runs for real: SkyPilot's YAML loaders, the workdir
 sync (git-tracked and untracked-not-ignored files), file_mounts from the store (s3 via fsspec) or local paths,
+bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node, written back to the bucket asynchronously),
 the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is only reported), package
 installs and verl's trainer (see `shims`), preemptions (injected at verl step numbers).
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
+from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
 from verl_grpo.rehearsal.shims import write_shims
 from verl_grpo.rehearsal.sky_boundary import (
     PACKAGE_ROOT,
@@ -43,7 +45,7 @@ from verl_grpo.trainers.verl.commit import COMMITTED_LINE
 
 STEP_LINE = re.compile(r"^step:(\d+) - ")
 """verl's console step line; the primary task's rank 0 is watched for it to inject preemptions."""
-PREEMPT_GRACE_S = 10.0
+PREEMPT_GRACE_S = 25.0
 """An injected preemption at step N lands once step N's own checkpoint is committed (so the recovery has something
 to restore), at step N+1's line, or this long after step N's line, whichever comes first."""
 POLL_S = 0.1
@@ -84,6 +86,8 @@ class Node:
         self.reader: threading.Thread | None = None
         self.setup_rc: int | None = None
         self.run_rc: int | None = None
+        self.mounts: list[CachedMount] = []
+        """This node's MOUNT_CACHED bucket mounts (storage mounts of the task)."""
 
     @property
     def prefix(self) -> str:
@@ -128,8 +132,16 @@ class Node:
     def go(self) -> None:
         (self.state / "go").touch()
 
+    def flush_mounts(self) -> None:
+        """The run exited: its cached mounts upload what is pending (SkyPilot's epilogue waits for that)."""
+        for mount in self.mounts:
+            mount.flush()
+
     def kill(self) -> None:
-        """SIGKILL the namespace's init (and unshare): the kernel kills every process in the PID namespace."""
+        """SIGKILL the namespace's init (and unshare): the kernel kills every process in the PID namespace. Its
+        cached mounts stop at once: writes not uploaded yet are lost, as with a preempted VM."""
+        for mount in self.mounts:
+            mount.drop()
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -228,6 +240,14 @@ class TaskRun:
         if not self.exec_mode:  # `sky exec` does not sync file_mounts
             for dst, src in (self.task.file_mounts or {}).items():
                 materialize_mount(str(src), node_path(node.root, str(dst)), self._env_value)
+            for dst, storage in (getattr(self.task, "storage_mounts", None) or {}).items():
+                mode = getattr(storage.mode, "value", str(storage.mode))
+                if mode != "MOUNT_CACHED":
+                    raise ValueError(f"file_mounts {dst}: the rehearsal stands in for bucket mounts in MOUNT_CACHED "
+                                     f"mode only (got {mode})")
+                mount = CachedMount(str(storage.source), node_path(node.root, str(dst)), bucket_fs(self._env_value))
+                mount.start()
+                node.mounts.append(mount)
 
     def _env_value(self, key: str) -> str | None:
         secrets = _secret_values(self.task)
@@ -292,6 +312,7 @@ class TaskRun:
                 self.job.event("node_setup_exited", task=self.name, attempt=self.attempt, rank=node.rank,
                                exit_code=node.setup_rc)
             if new_run:
+                node.flush_mounts()
                 self.job.event("node_run_exited", task=self.name, attempt=self.attempt, rank=node.rank,
                                exit_code=node.run_rc)
         failed_setup = next((n for n in self.nodes if n.setup_rc not in (None, 0)), None)

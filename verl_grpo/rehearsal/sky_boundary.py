@@ -25,6 +25,7 @@ from verl_grpo.providers.skypilot.boundary import (
     JobRecord,
     catalog_dir,
     catalog_offers,
+    catalog_region_prices,
     check_recovery_strategy,
     load_job_group,
     load_task,
@@ -32,7 +33,8 @@ from verl_grpo.providers.skypilot.boundary import (
 from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
 
 __all__ = [
-    "JobRecord", "cancel", "cancel_cluster_job", "catalog_dir", "catalog_offers", "check_recovery_strategy",
+    "JobRecord", "cancel", "cancel_cluster_job", "catalog_dir", "catalog_offers", "catalog_region_prices",
+    "check_recovery_strategy",
     "cluster_queue", "cluster_status", "create_cluster", "exec_on_cluster", "is_no_cloud_access", "launch_managed",
     "load_job_group", "load_task", "queue", "stop_all", "summary", "tail_cluster_logs", "tail_logs",
 ]
@@ -259,8 +261,31 @@ def _job_record(path: Path) -> JobRecord:
         else:
             status = "FAILED_CONTROLLER" if job.get("kind") == "managed" else "FAILED_DRIVER"
             failure_reason = failure_reason or "the rehearsal controller process died while the job was live"
+    timeline = _timeline(path, state) if status in terminal else {}
     return JobRecord(job_id=int(job["job_id"]), name=str(job["name"]), status=status,
-                     recovery_count=int(state.get("recovery_count") or 0), failure_reason=failure_reason)
+                     recovery_count=int(state.get("recovery_count") or 0), failure_reason=failure_reason,
+                     submitted_at=job.get("submitted_at"), **timeline)
+
+
+def _timeline(path: Path, state: dict[str, Any]) -> dict[str, float | None]:
+    """An ended job's timeline as `sky jobs queue` reports it: start_at (the controller began provisioning),
+    end_at, and job_duration (seconds its command ran, summed over attempts; the longest-running task of a group)."""
+    events_file = path / "events.jsonl"
+    events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()] \
+        if events_file.exists() else []
+    start_at = next((e["ts"] for e in events if e["event"] == "controller_started"), None)
+    end_at = state.get("ended_at") or (events[-1]["ts"] if events else None)
+    running: dict[str, float] = {}
+    ran: dict[str, float] = {}
+    for e in events:
+        task = e.get("task")
+        if e["event"] == "run_started":
+            running[task] = e["ts"]
+        elif e["event"] in ("recovering", "task_ended") and task in running:
+            ran[task] = ran.get(task, 0.0) + e["ts"] - running.pop(task)
+    for task, since in running.items():  # killed with the job (e.g. an auxiliary after the primaries ended)
+        ran[task] = ran.get(task, 0.0) + (end_at or since) - since
+    return {"start_at": start_at, "end_at": end_at, "job_duration": max(ran.values(), default=None)}
 
 
 def _controller_alive(path: Path) -> bool:

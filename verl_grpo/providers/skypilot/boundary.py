@@ -22,6 +22,16 @@ class JobRecord:
     status: str
     recovery_count: int = 0
     failure_reason: str | None = None
+    task_name: str | None = None
+    """The job-group task this row is of (SkyPilot lists one row per task); None where a row is the whole job."""
+    submitted_at: float | None = None
+    """Unix time the job was submitted."""
+    start_at: float | None = None
+    """Unix time SkyPilot began provisioning its cluster (None until it starts)."""
+    end_at: float | None = None
+    """Unix time the job ended (None while live)."""
+    job_duration: float | None = None
+    """Seconds the job's command ran, summed over recoveries (provisioning and recovery excluded)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,19 @@ class Offer:
     """On-demand $/hour (cheapest region)."""
     spot_price: float | None
     """Spot $/hour (cheapest region); None where the cloud sells no spot capacity."""
+
+
+@dataclass(frozen=True)
+class RegionPrice:
+    """One instance type in one region of a cloud's catalog, with its hourly prices there."""
+
+    cloud: str
+    region: str
+    instance_type: str
+    price: float
+    """On-demand $/hour in this region."""
+    spot_price: float | None
+    """Spot $/hour in this region; None where none is sold."""
 
 
 def load_task(yaml_str: str, secrets: Mapping[str, str] | None = None) -> Any:
@@ -85,6 +108,35 @@ def catalog_offers(
             offers.append(Offer(cloud=name, instance_type=itype, price=float(price),
                                 spot_price=None if spot is None or spot != spot else float(spot)))
     return offers, sorted(set(fuzzy))
+
+
+def catalog_region_prices(accelerator: str | None, count: int, cpus: str | None, cloud: str | None,
+                          region: str | None, clouds_available: list[str]) -> list[RegionPrice]:
+    """Every (cloud, region, instance type) of the local catalogs carrying `count` × `accelerator`, or, with no
+    accelerator, SkyPilot's default instance type for `cpus` (e.g. "4+") in each cloud; with on-demand and spot
+    $/hour per region. Only clouds whose catalog file is present locally are queried."""
+    from sky import catalog
+
+    rows: list[RegionPrice] = []
+    for name in [cloud] if cloud else clouds_available:
+        if accelerator:
+            types, _ = catalog.get_instance_type_for_accelerator(accelerator, count, use_spot=False, region=region,
+                                                                 clouds=name)
+        else:
+            default = catalog.get_default_instance_type(cpus=cpus, region=region, clouds=name)
+            types = [default] if default else []
+        for itype in types or []:
+            for r in catalog.get_region_zones_for_instance_type(itype, False, clouds=name):
+                if region and r.name != region:
+                    continue
+                price = catalog.get_hourly_cost(itype, use_spot=False, region=r.name, zone=None, clouds=name)
+                try:
+                    spot = catalog.get_hourly_cost(itype, use_spot=True, region=r.name, zone=None, clouds=name)
+                except (AssertionError, ValueError):
+                    spot = None  # e.g. "Lambda Cloud does not support spot."
+                rows.append(RegionPrice(cloud=name, region=r.name, instance_type=itype, price=float(price),
+                                        spot_price=None if spot is None or spot != spot else float(spot)))
+    return rows
 
 
 def catalog_dir() -> str:
@@ -193,4 +245,14 @@ def _record(raw: Any, status_enum: Any) -> JobRecord:
         status=status_enum(getattr(status, "value", status)).value,
         recovery_count=int(_get(raw, "recovery_count") or 0),
         failure_reason=_get(raw, "failure_reason"),
+        task_name=_get(raw, "task_name"),
+        submitted_at=_time(_get(raw, "submitted_at")),
+        start_at=_time(_get(raw, "start_at")),
+        end_at=_time(_get(raw, "end_at")),
+        job_duration=_time(_get(raw, "job_duration")),
     )
+
+
+def _time(value: Any) -> float | None:
+    """A timestamp or duration of SkyPilot's queue (None, or <= 0 for "not yet", as SkyPilot stores them)."""
+    return float(value) if value is not None and float(value) > 0 else None

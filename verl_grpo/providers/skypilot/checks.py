@@ -164,7 +164,7 @@ def spot_choice(cfg: RunConfig, sky: ModuleType) -> tuple[bool, str | None]:
     """
     if not cfg.infra.spot or not cfg.infra.accelerators:
         return cfg.infra.spot, None
-    from verl_grpo.providers.skypilot.dry_run import available_catalog_clouds
+    from verl_grpo.providers.skypilot.cost import available_catalog_clouds
 
     name, _, count = cfg.infra.accelerators.partition(":")
     try:

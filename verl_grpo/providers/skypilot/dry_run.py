@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 
 from verl_grpo.config import RunConfig
@@ -35,8 +33,8 @@ from verl_grpo.providers.skypilot.checks import (
     require_remote_store,
     with_spot_choice,
 )
+from verl_grpo.providers.skypilot.cost import CostEstimate, available_catalog_clouds, estimate_cost, seed_catalog_cache
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
-from verl_grpo.paths import data_mirror_dir
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
@@ -53,18 +51,6 @@ FROZEN_BYTES_PER_PARAM = 2
 """A frozen bf16 copy: the LoRA base weights, or the reference model when a KL term is on."""
 
 
-@dataclass(frozen=True)
-class CostLine:
-    cloud: str
-    instance_type: str
-    nodes: int
-    hours: float
-    on_demand: float
-    """Total $ on demand: price × nodes × hours."""
-    spot: float | None
-    """Total $ on spot; None where the cloud sells no spot."""
-
-
 @dataclass
 class DryRunReport:
     yamls: dict[str, str]
@@ -72,7 +58,7 @@ class DryRunReport:
     checks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     """What the launch does differently from the config (e.g. on-demand where no spot is sold), one line each."""
-    costs: list[CostLine] = field(default_factory=list)
+    costs: CostEstimate | None = None
     seconds: float = 0.0
 
     def render(self) -> str:
@@ -80,11 +66,7 @@ class DryRunReport:
         lines += [f"warning: {w}" for w in self.warnings]
         lines.append("Checks passed:")
         lines += [f"  - {c}" for c in self.checks]
-        lines.append("Cost estimate (catalog price x nodes x hours):")
-        for c in self.costs:
-            spot = f"${c.spot:,.2f}" if c.spot is not None else "n/a (no spot offer)"
-            lines.append(f"  {c.cloud:<10} {c.instance_type:<22} {c.nodes} node(s) x {c.hours:.2f} h: "
-                         f"on-demand ${c.on_demand:,.2f}  spot {spot}")
+        lines += self.costs.render_lines() if self.costs else []
         lines.append(f"Dry run took {self.seconds:.1f} s; nothing was launched.")
         return "\n".join(lines)
 
@@ -123,7 +105,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
         if costs is not None:
             report.costs = costs
             report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
-                                 f"({', '.join(sorted({c.cloud for c in report.costs}))})")
+                                 f"({', '.join(report.costs.clouds)})")
             checks.run(check_eval_task, cfg, boundary, env, report.yamls)
         checks.run(check_gpu_memory, cfg)
     report.seconds = time.perf_counter() - start
@@ -252,56 +234,6 @@ def check_gpu_memory(cfg: RunConfig) -> str:
             f"verl.rollout_tp or verl.gpu_memory_utilization")
     return (f"GPU memory fits (lower bound): {train:.1f} GiB training state + {rollout:.1f} GiB rollout share of "
             f"{total} GiB per {gpu}")
-
-
-def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> list[CostLine]:
-    """Cheapest catalog offers for the trainer's accelerators × nodes × estimated hours, spot and on-demand."""
-    name, _, count = (cfg.infra.accelerators or "").partition(":")
-    try:
-        n = int(float(count or 1))
-    except ValueError:
-        raise ConfigError(f"infra.accelerators {cfg.infra.accelerators!r}: use NAME:COUNT, e.g. H100:8") from None
-    seed_catalog_cache(boundary)
-    clouds = available_catalog_clouds(boundary)
-    if cfg.skypilot.cloud is None and not clouds:
-        raise ConfigError(f"no SkyPilot catalog found under {boundary.catalog_dir()}; run `sky check` with internet "
-                          "access once, or copy a catalog there (e.g. ../shared/data/skypilot-catalog/v8)")
-    offers, fuzzy = boundary.catalog_offers(name, n, cfg.skypilot.cloud, cfg.skypilot.region, clouds)
-    if not offers:
-        hint = f"; did you mean {', '.join(fuzzy)}?" if fuzzy else ""
-        where = cfg.skypilot.cloud or ", ".join(clouds)
-        raise ConfigError(f"infra.accelerators {cfg.infra.accelerators!r} is not offered in the SkyPilot catalog "
-                          f"of {where}{hint}")
-    if cfg.infra.spot and all(o.spot_price is None for o in offers):
-        raise ConfigError(f"infra.spot=true but no catalog offer of {cfg.infra.accelerators} on "
-                          f"{', '.join(sorted({o.cloud for o in offers}))} sells spot; set infra.spot=false "
-                          "or choose another skypilot.cloud")
-    hours = cfg.algorithm.total_steps * cfg.skypilot.step_seconds / 3600
-    nodes = cfg.infra.nodes
-    best = sorted(offers, key=lambda o: o.price)[:3]
-    return [CostLine(o.cloud, o.instance_type, nodes, hours, o.price * nodes * hours,
-                     None if o.spot_price is None else o.spot_price * nodes * hours) for o in best]
-
-
-def seed_catalog_cache(boundary: ModuleType) -> list[Path]:
-    """Copy catalog CSVs from the local data mirror (`<mirror>/skypilot-catalog/v8`) into SkyPilot's catalog
-    cache where the cache has none, so an offline machine can check GPU names and prices. Never overwrites."""
-    source = data_mirror_dir() / "skypilot-catalog" / "v8"
-    cache = Path(boundary.catalog_dir())
-    copied = []
-    for csv in sorted(source.rglob("*.csv")) if source.is_dir() else []:
-        target = cache / csv.relative_to(source)
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(csv, target)
-            copied.append(target)
-    return copied
-
-
-def available_catalog_clouds(boundary: ModuleType) -> list[str]:
-    """Clouds with a local `vms.csv` in SkyPilot's catalog dir (others would be downloaded)."""
-    root = Path(boundary.catalog_dir())
-    return sorted(p.parent.name for p in root.glob("*/vms.csv")) if root.is_dir() else []
 
 
 def _planned_dataset(cfg: RunConfig, store: Store) -> DatasetVersion:

@@ -16,7 +16,7 @@ from types import ModuleType
 import yaml
 
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, TrainSpec
+from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, RunCost, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.checks import require_remote_store, with_spot_choice
@@ -166,6 +166,16 @@ class SkyPilotProvider:
         for record in self.sky.queue():
             if record.name in names and record.status in LIVE:
                 self.sky.cancel(record.job_id)
+
+    def run_cost(self, cfg: RunConfig, run_id: str) -> RunCost | None:
+        """The run's actual cloud cost from the timelines of its ended training and eval managed jobs (retries
+        included); None on an existing cluster (skypilot.cluster: the user's machines, billed whatever runs)."""
+        if cfg.skypilot.cluster:
+            return None
+        from verl_grpo.providers.skypilot.cost import actual_cost
+
+        names = {templates.job_name(run_id), templates.eval_job_name(run_id)}
+        return actual_cost(cfg, run_id, [r for r in self.sky.queue() if r.name in names], self.sky)
 
     def _launch(self, cfg: RunConfig, name: str, render: Callable[[], templates.RenderedTask]) -> Job:
         """Reattach to the live job called `name`, else render (only then) and launch it as a managed job."""

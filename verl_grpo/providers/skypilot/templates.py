@@ -3,7 +3,8 @@
 Three training shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
 `rollout_group` (rollout servers + router + replay buffer + trainer); and the held-out eval task (vLLM on GPUs,
 `render_eval`). Secrets are listed by name under `secrets:` only; their values are passed at launch and never rendered
-(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included).
+(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included). The seeds'
+env knobs are `envs` with this run's values, and the run script builds main_ppo's overrides from them (`knobs`).
 
 Every task installs into one uv venv (`$VERL_GRPO_VENV`, Python per pyproject.toml's requires-python) and runs in it.
 Services, rollout servers and Ray bind the node's own IP (`$NODE_IP`, this node's line of `$SKYPILOT_NODE_IPS`):
@@ -29,6 +30,7 @@ from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
 from verl_grpo.privacy import quiet_env
+from verl_grpo.providers.skypilot.knobs import knob_task
 from verl_grpo.services import SERVICES, ServiceSpec
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
@@ -39,7 +41,13 @@ from verl_grpo.trainers.verl.backend import (
     finalize_command,
     restore_command,
 )
-from verl_grpo.trainers.verl.settings import ENV_RUN_ID, ENV_STORE_ENDPOINT, ENV_STORE_URI
+from verl_grpo.trainers.verl.settings import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_MOUNT,
+    ENV_RUN_ID,
+    ENV_STORE_ENDPOINT,
+    ENV_STORE_URI,
+)
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
@@ -62,6 +70,9 @@ REPLAY_BUFFER = SERVICES["replay"]
 """The rollout_group shape's replay-buffer task."""
 ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
 ROUTER_PORT = 8080
+SERVICE_CPUS = "4+"
+"""vCPUs of each CPU-only task (job-group services, the rollout group's router and replay buffer)."""
+ROUTER_TASK = "router"
 EVAL_MODULE = "verl_grpo.evaluate.vllm_runner"
 """Entry of the eval task: `python -m EVAL_MODULE SPEC_URI`."""
 VLLM_VERSION = "0.24.0"
@@ -183,7 +194,7 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
     if shape == "job_group":
         services = job_group_services(cfg)
         ctx["services"] = [
-            {"name": s.task, "cpus": "4+", "port": s.port,
+            {"name": s.task, "cpus": SERVICE_CPUS, "port": s.port,
              "command": _bound(["python", "-m", s.module, "serve"], ["--port", str(s.port),
                                                                       *service_args(s.name, cfg, spec)])}
             for s in services
@@ -240,6 +251,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "workdir": workdir or str(repo_root() or Path.cwd()),
         "file_mounts": {},
         "envs": dict(sorted(envs.items())),
+        "knob_envs": {},
         "secrets": [k for k in EVAL_SECRET_ENV_VARS if env.get(k)],
         "setup": venv_setup(EVAL_PACKAGES),
         "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
@@ -280,8 +292,12 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
             uri = spec.env[uri_env]
             mounts[spec.env[mount_env]] = str(local_path(uri)) if uri.startswith("file://") else uri
     engine = cfg.verl.rollout_engine
+    knobs = knob_task(cfg, spec.command, retrieval_available="retrieval" in cfg.services.enabled)
+    finalize = finalize_command(cfg)
+    at = finalize.index("--train-batch-size") + 1
     return {
         "name": job_name(spec.run_id),
+        "checkpoint_mount": checkpoint_mount(cfg, spec),
         "num_nodes": cfg.infra.nodes,
         "accelerators": cfg.infra.accelerators,
         "use_spot": cfg.infra.spot,
@@ -294,19 +310,38 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "workdir": workdir or str(repo_root() or Path.cwd()),
         "file_mounts": mounts,
         "envs": dict(sorted(envs.items())),
+        "knob_envs": knobs.envs,
         # The token's value is never rendered: services_token_secret gives it at launch.
         "secrets": list(dict.fromkeys(secret_names(env) + ([cfg.services.token_env] if runs_services(cfg) else []))),
         "setup": venv_setup(cluster_packages(cfg, engine)),
         "exports": [],
-        "train_command": shlex.join(spec.command),
+        "knob_prelude": knobs.prelude,
+        "train_command": knobs.train_command,
         "restore_command": shlex.join(restore_command(spec.env)),
-        "finalize_command": shlex.join(finalize_command(cfg)),
+        "finalize_command": " ".join([shlex.join(finalize[:at]), knobs.train_batch, *map(shlex.quote, finalize[at + 1:])]),
         "trainer_task": TRAINER_TASK,
         "ray_port": RAY_PORT,
         "dashboard_port": RAY_DASHBOARD_PORT,
         "node_ip_line": NODE_IP_LINE,
         "node_wait_s": NODE_WAIT_S,
     }
+
+
+def checkpoint_mount(cfg: RunConfig, spec: TrainSpec) -> dict[str, str] | None:
+    """{path, source} of the trainer's checkpoint mount on a multi-node run (SkyPilot MOUNT_CACHED of the store's
+    `runs/{run_id}/checkpoints` at trainer.default_local_dir on every node), else None."""
+    source = spec.env.get(ENV_CHECKPOINT_MOUNT)
+    if not source:
+        return None
+    if not source.startswith("s3://"):
+        raise ConfigError(f"infra.nodes={cfg.infra.nodes} keeps verl's checkpoints on a bucket every node mounts, "
+                          f"but storage.uri {cfg.storage.uri!r} is no bucket; set storage.uri=s3://bucket/prefix "
+                          "or infra.nodes=1")
+    if cfg.skypilot.cluster:
+        raise ConfigError(f"infra.nodes={cfg.infra.nodes} with skypilot.cluster={cfg.skypilot.cluster!r}: `sky exec` "
+                          "on an existing cluster mounts no bucket, and verl's nodes need the shared checkpoint mount; "
+                          "drop skypilot.cluster (a managed job) or use infra.nodes=1")
+    return {"path": spec.env[ENV_CHECKPOINT_DIR], "source": source}
 
 
 def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
@@ -331,12 +366,14 @@ def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
         rollout_port=port,
         service_accelerators=cfg.skypilot.service_accelerators or cfg.infra.accelerators,
         router_port=ROUTER_PORT,
+        router_task=ROUTER_TASK,
+        service_cpus=SERVICE_CPUS,
         router_command=f'{router} --host "$NODE_IP" --port {ROUTER_PORT} --worker-urls {workers}',
         replay_port=REPLAY_BUFFER.port,
         replay_command=_bound(["python", "-m", REPLAY_BUFFER.module, "serve"],
                               ["--port", str(REPLAY_BUFFER.port),
                                *service_settings_args(REPLAY_BUFFER.name, cfg, spec.run_id)]),
-        exports=[_export_url("router", ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
+        exports=[_export_url(ROUTER_TASK, ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
                  _export_url(REPLAY_BUFFER.task, REPLAY_BUFFER.port, REPLAY_BUFFER.url_env)],
     )
     return ctx

@@ -88,9 +88,12 @@ def trl_top_k(top_k: int) -> int:
 
 
 def grpo_args(
-    cfg: RunConfig, output_dir: str | Path, reward_weights: list[float] | None = None, use_cpu: bool | None = None
+    cfg: RunConfig, output_dir: str | Path, reward_weights: list[float] | None = None, use_cpu: bool | None = None,
+    total_steps: int | None = None,
 ):
-    """The `trl.GRPOConfig` of a run; raises ConfigError naming the config field when TRL rejects a value."""
+    """The `trl.GRPOConfig` of a run; raises ConfigError naming the config field when TRL rejects a value.
+
+    total_steps: the run's planned steps (`AlgorithmConfig.planned_steps`); None means algorithm.total_steps."""
     from trl import GRPOConfig
 
     alg, tr = cfg.algorithm, cfg.trainer
@@ -119,11 +122,11 @@ def grpo_args(
         "per_device_train_batch_size": layout.per_device_batch,
         "gradient_accumulation_steps": layout.grad_accum_steps,
         "steps_per_generation": layout.grad_accum_steps,
-        # optimisation: verl's actor default is a constant LR without warmup
+        # optimisation: a constant LR after an optional linear warm-up, as verl's actor does
         "learning_rate": alg.lr,
-        "lr_scheduler_type": "constant",
-        "warmup_steps": 0,
-        "max_steps": alg.total_steps,
+        "lr_scheduler_type": "constant_with_warmup" if alg.warmup_steps else "constant",
+        "warmup_steps": alg.warmup_steps,
+        "max_steps": total_steps or alg.total_steps,
         "seed": alg.seed,
         "data_seed": alg.seed,
         "shuffle_dataset": True,
@@ -195,7 +198,7 @@ class TrlTrainer:
             command=[sys.executable, "-m", "verl_grpo.trainers.trl.worker", str(spec_path)],
             env=worker_env(cfg),
             spec_uri=str(spec_path),
-            total_steps=cfg.algorithm.total_steps,
+            total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
         )
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:

@@ -104,6 +104,11 @@ def _reward_functions(cfg, data_source: str):
     return trl_reward_functions(data_source)
 
 
+def planned_steps(spec: WorkerSpec) -> int:
+    """The steps this run trains: algorithm.total_steps, or fewer when algorithm.total_epochs ends it first."""
+    return spec.cfg.algorithm.planned_steps(spec.dataset.counts.get("train"))
+
+
 def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     """Train (resuming if the store has a checkpoint), publish the final model, return the TrainResult."""
     import torch
@@ -126,7 +131,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     upload_wait_s = 0.0
     warm = committed_result(spec) if spec.cfg.warm_start.enabled and resume_dir else None
     warm_summary = summary_of(warm) if warm else {}
-    if resumed_ref is not None and resumed_ref.step >= cfg.algorithm.total_steps:
+    if resumed_ref is not None and resumed_ref.step >= planned_steps(spec):
         # HF Trainer would run one more step past max_steps; the run is done, only its publishing was cut short.
         print(f"run {spec.run_id} already reached step {resumed_ref.step}; publishing that checkpoint", flush=True)
         export_model(resume_dir, final_dir)
@@ -174,10 +179,11 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     from verl_grpo.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(start_model, cfg.model.dtype)
-    args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights))
+    total_steps = planned_steps(spec)
+    args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights), total_steps=total_steps)
     consumed: list = []
     callback = StoreCallback(
-        run_id=spec.run_id, total_steps=cfg.algorithm.total_steps, metrics=metrics, checkpoints=checkpoints,
+        run_id=spec.run_id, total_steps=total_steps, metrics=metrics, checkpoints=checkpoints,
         keep_last=cfg.storage.keep_last, consumed_prompts=consumed, termination=termination,
         prompts_per_step=batch_layout(cfg).prompts_per_step, staging_dir=spec.workdir / STAGING_DIR,
         no_signal=NoSignalWatch.from_config(cfg),

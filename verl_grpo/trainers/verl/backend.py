@@ -14,7 +14,7 @@ from pathlib import Path
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.checkpoints import sha256_file
-from verl_grpo.layout import dataset_dir, published_model_dir
+from verl_grpo.layout import checkpoints_dir, dataset_dir, published_model_dir
 from verl_grpo.mirrors.wandb_mirror import quiet_wandb
 from verl_grpo.models import resolve_model
 from verl_grpo.store import Store, local_path
@@ -66,14 +66,14 @@ class VerlTrainer:
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
         quiet_wandb(env)  # verl's wandb logger runs in these processes
         env.update(checkpoint_env(cfg.storage.uri, cfg.storage.endpoint_url, run_id, paths.checkpoint_dir,
-                                  cfg.storage.keep_last))
+                                  cfg.storage.keep_last, checkpoint_mount(cfg, store, run_id, cluster)))
         return TrainSpec(
             backend=self.name,
             run_id=run_id,
             command=["python", "-m", MAIN_MODULE, *overrides],
             env=env,
             overrides=overrides,
-            total_steps=cfg.algorithm.total_steps,
+            total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
         )
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
@@ -134,6 +134,15 @@ def directory_digest(path: Path) -> str:
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         digest.update(f"{file.relative_to(path)}\0{sha256_file(file)}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def checkpoint_mount(cfg: RunConfig, store: Store, run_id: str, cluster: Cluster) -> str | None:
+    """The store URI mounted at trainer.default_local_dir on every node of a multi-node run (`runs/{run_id}/
+    checkpoints`, where committed checkpoints live), else None. verl's ranks write their shards on their own nodes;
+    through the mount they all land in one place, and the commit writes the manifest in place."""
+    if cfg.infra.nodes < 2 or cluster.on_this_machine:
+        return None
+    return store.url(checkpoints_dir(run_id))
 
 
 def restore_command(spec_env: Mapping[str, str]) -> list[str]:

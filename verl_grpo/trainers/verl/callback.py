@@ -2,7 +2,9 @@
 
 verl calls `on_save(trainer=, global_step=, checkpoint_dir=, async_save=)` on the driver after each save. The
 step dir is hard-linked into a staging dir (verl may delete the original at its next save while the upload
-runs), gets the metrics so far, and is committed through `CheckpointStore` on a `BackgroundSaver`.
+runs), gets the metrics so far, and is committed through `CheckpointStore` on a `BackgroundSaver`. On a multi-node
+run the step dir is on the store mount every node shares: it gets the metrics in place and the background commit
+waits for the mounts' uploads before writing the manifest (`commit.commit_mounted`).
 
 verl is never imported here: its callback protocol is duck-typed, so this module stays cheap to import.
 """
@@ -17,7 +19,8 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, TrainingError
 from verl_grpo.layout import step_dir_name
-from verl_grpo.trainers.verl.commit import after_commit, checkpoint_state, prepare_upload
+from verl_grpo.trainers.verl.commit import (after_commit, checkpoint_state, commit_mounted, prepare_upload,
+                                           write_step_metrics)
 from verl_grpo.trainers.verl.settings import ENV_CHECKPOINT_DIR, StoreSettings
 
 
@@ -45,7 +48,8 @@ class StoreCheckpointCallback:
                                   "when verl calls on_save; set it to False to commit checkpoints to the store")
         self.train_batch_size = _select(config, "data.train_batch_size") if config is not None else None
         self.checkpoints = checkpoints or CheckpointStore(self.settings.store())
-        self.saver = BackgroundSaver(self.checkpoints, on_committed=after_commit(self.checkpoints, self.settings))
+        self.saver = BackgroundSaver(self.checkpoints, on_committed=after_commit(self.checkpoints, self.settings),
+                                     commit=self._commit_mounted if self.settings.mount else None)
 
     def on_save(self, trainer: Any = None, global_step: int = 0, checkpoint_dir: str = "", async_save: bool = False,
                 **kwargs: Any) -> None:
@@ -56,7 +60,10 @@ class StoreCheckpointCallback:
         if step_dir.name != step_dir_name(global_step):
             raise TrainingError(f"verl reported step {global_step} but checkpoint dir {step_dir}; expected "
                                 f"{step_dir_name(global_step)}")
-        staged = prepare_upload(self.settings, step_dir, global_step)
+        if self.settings.mount:  # other nodes' shards reach the store through their mounts: commit_mounted waits
+            staged = write_step_metrics(self.settings, global_step).parent
+        else:
+            staged = prepare_upload(self.settings, step_dir, global_step)
         state = checkpoint_state(step_dir, global_step, self.train_batch_size)
         self.saver.submit(self.settings.run_id, global_step, staged, state)
         total = getattr(trainer, "total_training_steps", None)
@@ -64,6 +71,9 @@ class StoreCheckpointCallback:
             total = _select(self.config, "trainer.total_training_steps")
         if total is not None and global_step >= int(total):
             self.saver.wait()
+
+    def _commit_mounted(self, run_id: str, step: int, step_dir: Path, state: dict[str, Any] | None) -> CheckpointRef:
+        return commit_mounted(self.checkpoints, self.settings, step, state)
 
     def close(self) -> CheckpointRef | None:
         """Wait for the in-flight upload (if any); re-raises its error."""

@@ -1,22 +1,26 @@
 """Committing a verl `global_step_N` dir to the store: check it is whole, stage it, add the metrics so far.
 
-Used by the checkpoint callback after each save (in the background) and by finalize when the last upload was lost.
+On a multi-node run the dir is already in the store, written through the bucket mount every node shares
+(`StoreSettings.mount`): the commit waits for the mounts' uploads and writes the manifest in place
+(`commit_mounted`). Used by the checkpoint callback after each save (in the background) and by finalize when the
+last commit was lost.
 """
 
 from __future__ import annotations
 
-import re
 import json
+import re
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef
-from verl_grpo.errors import ConfigError, TrainingError
-from verl_grpo.layout import step_dir_name
+from verl_grpo.errors import ConfigError, InfraError, TrainingError
+from verl_grpo.layout import CHECKPOINT_MANIFEST, checkpoint_dir, step_dir_name
 from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
 from verl_grpo.trainers.verl.metrics import merged_metrics
 from verl_grpo.trainers.verl.settings import STAGING_DIR, StoreSettings
@@ -25,26 +29,42 @@ DATALOADER_FILE = "data.pt"
 FSDP_CONFIG_FILE = "fsdp_config.json"
 
 
+def missing_parts(names: Iterable[str], read_json: Callable[[str], Any]) -> list[str]:
+    """What a verl step dir with these files (paths relative to it) lacks: data.pt, FSDP ranks' shards.
+
+    verl writes data.pt last on the driver; each role's fsdp_config.json names the world size whose every rank writes
+    its own model/optim/extra_state shard (a kind no rank wrote is not expected)."""
+    names = set(names)
+    missing = [] if DATALOADER_FILE in names else [DATALOADER_FILE]
+    for config in sorted(n for n in names if n.count("/") == 1 and n.endswith(f"/{FSDP_CONFIG_FILE}")):
+        role = config.rsplit("/", 1)[0]
+        world = int(read_json(config)["world_size"])
+        for kind in ("model", "optim", "extra_state"):
+            pattern = re.compile(rf"^{re.escape(role)}/{kind}_world_size_{world}_rank_(\d+)\.pt$")
+            present = {int(m.group(1)) for n in names if (m := pattern.match(n))}
+            if present and present != set(range(world)):
+                ranks = sorted(set(range(world)) - present)
+                missing.append(f"{role}/{kind} shards of ranks {ranks[:8]} (world size {world})")
+    return missing
+
+
 def check_complete(step_dir: Path) -> None:
     """Raise unless verl finished writing `step_dir`: dataloader state present, every FSDP rank's shard present.
 
-    FSDP ranks write their shards to their own node's disk; on a multi-node run without a shared
-    default_local_dir the driver sees only its node's ranks, and committing that would store a torn checkpoint.
+    FSDP ranks write their shards to their own node's disk; on a multi-node run without the checkpoint mount
+    (`settings.ENV_CHECKPOINT_MOUNT`) the driver sees only its node's ranks, and committing that would store a torn
+    checkpoint.
     """
     step_dir = Path(step_dir)
-    if not (step_dir / DATALOADER_FILE).is_file():
+    names = [p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()]
+    missing = missing_parts(names, lambda rel: json.loads((step_dir / rel).read_text()))
+    if DATALOADER_FILE in missing:
         raise TrainingError(f"checkpoint {step_dir} has no {DATALOADER_FILE}; verl did not finish saving it")
-    for fsdp_config in sorted(step_dir.glob(f"*/{FSDP_CONFIG_FILE}")):
-        role = fsdp_config.parent
-        world = int(json.loads(fsdp_config.read_text())["world_size"])
-        for kind in ("model", "optim", "extra_state"):
-            present = {int(p.stem.rsplit("_", 1)[1]) for p in role.glob(f"{kind}_world_size_{world}_rank_*.pt")}
-            if present and present != set(range(world)):
-                missing = sorted(set(range(world)) - present)
-                raise ConfigError(
-                    f"checkpoint {role} lacks {kind} shards of ranks {missing[:8]} (world size {world}): they were "
-                    "written on other nodes' disks. Multi-node verl runs need trainer.default_local_dir on a "
-                    "filesystem shared by all nodes; until then use infra.nodes=1")
+    if missing:
+        raise ConfigError(
+            f"checkpoint {step_dir} lacks {'; '.join(missing)}: they were written on other nodes' disks. "
+            "Multi-node verl runs keep trainer.default_local_dir on the store mount every node shares, which the "
+            "skypilot provider renders for infra.nodes > 1; launch through verl-grpo, or use infra.nodes=1")
 
 
 def checkpoint_state(step_dir: Path, step: int, train_batch_size: int | None) -> dict[str, Any]:
@@ -85,6 +105,51 @@ def prepare_upload(settings: StoreSettings, step_dir: Path, step: int) -> Path:
     return staged
 
 
+UPLOAD_WAIT_S = 1800.0
+"""Longest a commit waits for the nodes' checkpoint mounts to upload a step dir (SkyPilot's MOUNT_CACHED writes back
+asynchronously, file by file, after each file is closed)."""
+UPLOAD_POLL_S = 1.0
+
+
+def await_uploaded(checkpoints: CheckpointStore, settings: StoreSettings, step: int,
+                   timeout_s: float = UPLOAD_WAIT_S, poll_s: float = UPLOAD_POLL_S) -> dict[str, int]:
+    """Wait until the store holds step's dir as verl left it on every node; returns its {path: size}.
+
+    Whole means: each file this node sees in the mounted dir is in the store at the same size (an object appears
+    only once its upload is complete), and the store's copy has data.pt and every FSDP rank's shards, whichever
+    node wrote them. A step still short at the deadline fails with a retryable InfraError and stays uncommitted.
+    """
+    step_dir = settings.checkpoint_dir / step_dir_name(step)
+    base = checkpoint_dir(settings.run_id, step)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored = checkpoints.listing(settings.run_id, step)
+        here = {p.relative_to(step_dir).as_posix(): p.stat().st_size for p in step_dir.rglob("*")
+                if p.is_file() and p.name != CHECKPOINT_MANIFEST}
+        behind = sorted(rel for rel, size in here.items() if stored.get(rel) != size)
+        missing = behind + missing_parts(stored, lambda rel: json.loads(checkpoints.store.read_text(base, rel)))
+        if not missing:
+            return stored
+        if time.monotonic() >= deadline:
+            raise InfraError(f"checkpoint step {step}: the store still lacks {', '.join(missing[:5])} after "
+                             f"{timeout_s:.0f} s; the nodes' checkpoint mounts ({settings.mount}) did not upload it, "
+                             "so it stays uncommitted")
+        time.sleep(poll_s)
+
+
+def commit_mounted(checkpoints: CheckpointStore, settings: StoreSettings, step: int,
+                   state: dict[str, Any] | None) -> CheckpointRef:
+    """Commit a step dir verl wrote through the store mount: wait for the uploads, then the manifest, in place."""
+    await_uploaded(checkpoints, settings, step)
+    return checkpoints.commit_in_place(settings.run_id, step, state)
+
+
+def write_step_metrics(settings: StoreSettings, step: int) -> Path:
+    """The metrics so far into the mounted step dir, where the mount uploads them with verl's files."""
+    return write_jsonl_atomic(settings.checkpoint_dir / step_dir_name(step) / METRICS_FILE,
+                              merged_metrics(settings, upto_step=step))
+
+
 COMMITTED_LINE = re.compile(r"^checkpoint step (\d+) committed to ")
 """The log line of each commit (`after_commit`); the rehearsal reads it to report commits and time preemptions."""
 
@@ -93,7 +158,8 @@ def after_commit(checkpoints: CheckpointStore, settings: StoreSettings) -> Calla
     """What follows each commit: drop its staged copy, prune to storage.keep_last, log one line."""
 
     def done(ref: CheckpointRef) -> None:
-        shutil.rmtree(settings.checkpoint_dir / STAGING_DIR / step_dir_name(ref.step), ignore_errors=True)
+        if not settings.mount:
+            shutil.rmtree(settings.checkpoint_dir / STAGING_DIR / step_dir_name(ref.step), ignore_errors=True)
         checkpoints.prune(settings.run_id, settings.keep_last)
         print(f"checkpoint step {ref.step} committed to {ref.uri}", flush=True)
 
@@ -105,7 +171,11 @@ def commit_now(settings: StoreSettings, step: int, train_batch_size: int | None 
     """Synchronously commit the local `global_step_{step}` (used at the end when the callback's upload was lost)."""
     checkpoints = checkpoints or CheckpointStore(settings.store())
     step_dir = settings.checkpoint_dir / step_dir_name(step)
-    staged = prepare_upload(settings, step_dir, step)
-    ref = checkpoints.save(settings.run_id, step, staged, checkpoint_state(step_dir, step, train_batch_size))
+    if settings.mount:
+        write_step_metrics(settings, step)
+        ref = commit_mounted(checkpoints, settings, step, checkpoint_state(step_dir, step, train_batch_size))
+    else:
+        staged = prepare_upload(settings, step_dir, step)
+        ref = checkpoints.save(settings.run_id, step, staged, checkpoint_state(step_dir, step, train_batch_size))
     after_commit(checkpoints, settings)(ref)
     return ref

@@ -121,6 +121,7 @@ def verl_overrides(
         f"actor_rollout_ref.model.lora_rank={v.lora_rank}",
         f"actor_rollout_ref.model.lora_alpha={v.lora_alpha}",
         f"{actor}.optim.lr={a.lr}",
+        f"{actor}.optim.lr_warmup_steps={a.warmup_steps}",
         f"{actor}.ppo_mini_batch_size={mini}",
         f"{actor}.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"{actor}.clip_ratio_low={a.clip_low}",
@@ -147,11 +148,13 @@ def verl_overrides(
         f"trainer.total_training_steps={a.total_steps}",
         f"trainer.save_freq={a.save_freq}",
         f"trainer.test_freq={v.test_freq}",
-        f"trainer.max_actor_ckpt_to_keep={cfg.storage.keep_last}",
+        f"trainer.max_actor_ckpt_to_keep={verl_keep(cfg)}",
         "trainer.resume_mode=auto",
         f"trainer.default_local_dir={paths.checkpoint_dir}",
         f"trainer.checkpoint_callback_class={CALLBACK_CLASS}",
     ]
+    if a.total_epochs is not None:
+        out.append(f"trainer.total_epochs={a.total_epochs}")
     out += _strategy_overrides(cfg)
     if "retrieval" in cfg.services.enabled:
         out += [f"{rollout}.multi_turn.enable=True", f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}"]
@@ -178,6 +181,12 @@ def _strategy_overrides(cfg: RunConfig) -> list[str]:
     if v.adv_estimator == "gae":
         out.append(f"critic.strategy={v.strategy}")
     return out
+
+
+def verl_keep(cfg: RunConfig) -> int:
+    """trainer.max_actor_ckpt_to_keep: storage.keep_last; at least 2 on multi-node runs, where verl deletes old step
+    dirs from the shared store mount itself, so the previous step stays until its background commit is done."""
+    return max(cfg.storage.keep_last, 2) if cfg.infra.nodes > 1 else cfg.storage.keep_last
 
 
 def run_paths(cfg: RunConfig, checkpoint_dir: str) -> VerlPaths:

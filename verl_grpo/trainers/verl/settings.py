@@ -21,6 +21,10 @@ ENV_RUN_ID = "VERL_GRPO_RUN_ID"
 ENV_CHECKPOINT_DIR = "VERL_GRPO_CHECKPOINT_DIR"
 """Must equal verl's trainer.default_local_dir (verl_overrides sets both from the same value)."""
 ENV_KEEP_LAST = "VERL_GRPO_KEEP_LAST"
+ENV_CHECKPOINT_MOUNT = "VERL_GRPO_CHECKPOINT_MOUNT"
+"""Set on multi-node runs: the store URI (`runs/{run_id}/checkpoints`) that SkyPilot mounts at the checkpoint dir on
+every node (MOUNT_CACHED). verl writes its step dirs straight into the store through it; commits wait for the
+mount's uploads and write the manifest in place (`commit.commit_mounted`)."""
 ENV_VERL_METRICS = "VERL_FILE_LOGGER_PATH"
 """verl's own `file` logger writes one `{"step": N, "data": {...}}` line per step here (truncated at each start)."""
 
@@ -40,6 +44,8 @@ class StoreSettings:
     run_id: str
     checkpoint_dir: Path
     keep_last: int = 2
+    mount: str | None = None
+    """Store URI mounted at checkpoint_dir (multi-node runs), or None: checkpoint_dir is this node's own disk."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StoreSettings":
@@ -54,11 +60,13 @@ class StoreSettings:
             value = env[ENV_KEEP_LAST]
             raise ConfigError(f"{ENV_KEEP_LAST}={value!r} is not an integer (storage.keep_last)") from None
         return cls(uri=env[ENV_STORE_URI], endpoint_url=env.get(ENV_STORE_ENDPOINT) or None, run_id=env[ENV_RUN_ID],
-                   checkpoint_dir=Path(env[ENV_CHECKPOINT_DIR]), keep_last=max(keep, 1))
+                   checkpoint_dir=Path(env[ENV_CHECKPOINT_DIR]), keep_last=max(keep, 1),
+                   mount=env.get(ENV_CHECKPOINT_MOUNT) or None)
 
     @property
     def metrics_dir(self) -> Path:
-        return self.checkpoint_dir / "metrics"
+        """This node's metrics files: beside a mounted checkpoint dir (they are not the store's), else inside it."""
+        return metrics_dir(str(self.checkpoint_dir), self.mount is not None)
 
     @property
     def history_path(self) -> Path:
@@ -79,13 +87,19 @@ class StoreSettings:
         return Store(self.uri, self.endpoint_url)
 
 
+def metrics_dir(checkpoint_dir: str, mounted: bool) -> Path:
+    return Path(f"{checkpoint_dir}-metrics") if mounted else Path(checkpoint_dir) / "metrics"
+
+
 def checkpoint_env(uri: str, endpoint_url: str | None, run_id: str, checkpoint_dir: str,
-                   keep_last: int) -> dict[str, str]:
+                   keep_last: int, mount: str | None = None) -> dict[str, str]:
     """The non-secret env of a verl task that the callback, restore and finalize entries read."""
     env = {ENV_STORE_URI: uri, ENV_RUN_ID: run_id, ENV_CHECKPOINT_DIR: checkpoint_dir, ENV_KEEP_LAST: str(keep_last),
-           ENV_VERL_METRICS: f"{checkpoint_dir}/metrics/verl.jsonl"}
+           ENV_VERL_METRICS: str(metrics_dir(checkpoint_dir, mount is not None) / "verl.jsonl")}
     if endpoint_url:
         env[ENV_STORE_ENDPOINT] = endpoint_url
+    if mount:
+        env[ENV_CHECKPOINT_MOUNT] = mount
     return env
 
 

@@ -1,0 +1,121 @@
+"""The seeds' env knobs in a rendered verl task: SkyPilot `envs` whose defaults are this run's values, and a run
+script that builds the knob-driven main_ppo overrides from them, so that
+`sky jobs launch task.yaml --env MODEL_NAME=... --env TOTAL_STEPS=...` changes the run as it does in the seeds.
+
+Pure: no `sky` import. The loader (`verl_grpo.config.loader`) gives the same knobs the same meaning on this machine.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from verl_grpo.config import ENV_KNOBS, RunConfig
+from verl_grpo.trainers.verl.overrides import SEARCH_TOOL_CONFIG
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+KNOB_OF_OVERRIDE: dict[str, str] = {
+    "actor_rollout_ref.model.path": "MODEL_NAME",
+    "critic.model.path": "MODEL_NAME",
+    "data.train_batch_size": "TRAIN_BATCH_SIZE",
+    f"{ACTOR}.ppo_micro_batch_size_per_gpu": "BATCH_SIZE",
+    f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu": "BATCH_SIZE",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "BATCH_SIZE",
+    "critic.ppo_micro_batch_size_per_gpu": "BATCH_SIZE",
+    f"{ACTOR}.optim.lr": "LR",
+    f"{ACTOR}.optim.lr_warmup_steps": "WARMUP_STEPS",
+    "critic.optim.lr": "CRITIC_LR",
+    f"{ACTOR}.clip_ratio_low": "CLIP_LOW",
+    f"{ACTOR}.clip_ratio_high": "CLIP_HIGH",
+    f"{ROLLOUT}.n": "ROLLOUTS",
+    f"{ROLLOUT}.temperature": "TEMPERATURE",
+    f"{ROLLOUT}.top_p": "TOP_P",
+    f"{ROLLOUT}.top_k": "TOP_K",
+    "trainer.total_training_steps": "TOTAL_STEPS",
+    "trainer.total_epochs": "TOTAL_EPOCHS",
+}
+"""main_ppo override key → the env knob whose value it takes in the rendered run script."""
+RETRIEVAL_KEYS = (f"{ROLLOUT}.multi_turn.enable", f"{ROLLOUT}.multi_turn.tool_config_path")
+"""The overrides USE_RETRIEVAL switches on (verl's search tool backed by the retrieval-server)."""
+OPTIONAL_KNOBS = ("TOTAL_EPOCHS",)
+"""Knobs rendered only when the run sets them (SkyPilot envs hold no None); `--env` adds them."""
+
+
+@dataclass(frozen=True)
+class KnobTask:
+    """What the verl run script needs for the env knobs."""
+
+    envs: dict[str, str]
+    """Knob → this run's value: the task's `envs` defaults."""
+    prelude: list[str]
+    """Shell lines resolving aliases (MODEL, ACTOR_LR), GRAD_ACCUM, DATASET and USE_RETRIEVAL, before main_ppo."""
+    train_command: str
+    """main_ppo with every knob-driven override taken from its env var."""
+    train_batch: str
+    """The shell expression of the train batch (for the finalize entry)."""
+
+
+def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool) -> KnobTask:
+    """`command` (python -m verl.trainer.main_ppo OVERRIDES...) with each knob-driven override reading its env var,
+    in place; TOTAL_EPOCHS (when given) and the retrieval overrides go just before the user's extra_overrides."""
+    envs: dict[str, str] = {"DATASET": cfg.dataset.name}
+    extras = len(cfg.verl.extra_overrides)
+    head, tail = list(command[:len(command) - extras]), list(command[len(command) - extras:])
+    args: list[str] = []
+    for arg in head:
+        key, sep, value = arg.partition("=")
+        if sep and key in RETRIEVAL_KEYS:
+            continue  # $RETRIEVAL_OVERRIDES below
+        var = KNOB_OF_OVERRIDE.get(key) if sep else None
+        if key == f"{ACTOR}.ppo_mini_batch_size" and cfg.verl.ppo_mini_batch_size is None:
+            var = "TRAIN_BATCH_SIZE"  # one update per step: the mini batch follows the train batch
+        if var is None or envs.setdefault(var, value) != value:
+            args.append(shlex.quote(arg))
+        elif var not in OPTIONAL_KNOBS:
+            args.append(f'{key}="${var}"')
+    envs["USE_RETRIEVAL"] = "true" if "retrieval" in cfg.services.enabled else "false"
+    optional = [f"${{{var}:+{key}=${var}}}" for key, var in KNOB_OF_OVERRIDE.items() if var in OPTIONAL_KNOBS]
+    order = [*ENV_KNOBS, "USE_RETRIEVAL"]
+    return KnobTask(
+        envs={k: envs[k] for k in sorted(envs, key=order.index)},
+        prelude=_prelude(envs, retrieval_available),
+        train_command=" ".join([*args, *optional, "$RETRIEVAL_OVERRIDES", *map(shlex.quote, tail)]),
+        train_batch='"$TRAIN_BATCH_SIZE"',
+    )
+
+
+def _prelude(envs: dict[str, str], retrieval_available: bool) -> list[str]:
+    dataset, model, lr, batch = (shlex.quote(envs[k]) for k in ("DATASET", "MODEL_NAME", "LR", "TRAIN_BATCH_SIZE"))
+    retrieval = " ".join(f"{key}={value}" for key, value in zip(RETRIEVAL_KEYS, ("True", SEARCH_TOOL_CONFIG)))
+    no_retrieval = ("echo \"USE_RETRIEVAL=$USE_RETRIEVAL: this task runs no retrieval-server; render one with "
+                    "services.enabled including retrieval (skypilot.shape=job_group)\" >&2; exit 1")
+    return [
+        "# The seeds' env knobs (envs above, defaults = this run): `sky jobs launch THIS.yaml --env TOTAL_STEPS=50`.",
+        "knob() {  # knob NAME ALIAS DEFAULT: NAME's value, or ALIAS's when only ALIAS differs from DEFAULT",
+        '  local a="${!1}" b="${!2:-$3}"',
+        '  if [ "$b" = "$3" ] || [ "$a" = "$b" ]; then echo "$a"; elif [ "$a" = "$3" ]; then echo "$b"; else',
+        '    echo "env vars $1=$a and $2=$b disagree; they are one knob: unset $2 or give both the same value" >&2',
+        "    return 1; fi",
+        "}",
+        f'[ "$DATASET" = {dataset} ] || {{ echo "DATASET=$DATASET: this task trains the prepared {envs["DATASET"]} '
+        f'data it mounts; render a task for $DATASET with: verl-grpo launch -c $DATASET --provider skypilot" >&2; '
+        "exit 1; }",
+        f"MODEL_NAME=$(knob MODEL_NAME MODEL {model})",
+        f"LR=$(knob LR ACTOR_LR {lr})",
+        'if [ -n "${GRAD_ACCUM:-}" ]; then',
+        f'  if [ "$TRAIN_BATCH_SIZE" != {batch} ] && [ "$TRAIN_BATCH_SIZE" != "$((BATCH_SIZE * GRAD_ACCUM))" ]; then',
+        '    echo "env vars BATCH_SIZE × GRAD_ACCUM ($((BATCH_SIZE * GRAD_ACCUM))) and TRAIN_BATCH_SIZE=$TRAIN_BATCH_SIZE '
+        'disagree; unset TRAIN_BATCH_SIZE or GRAD_ACCUM" >&2; exit 1',
+        "  fi",
+        "  TRAIN_BATCH_SIZE=$((BATCH_SIZE * GRAD_ACCUM))",
+        "fi",
+        'case "$USE_RETRIEVAL" in',
+        f"  true|True|1) {'RETRIEVAL_OVERRIDES=' + shlex.quote(retrieval) if retrieval_available else no_retrieval} ;;",
+        '  false|False|0) RETRIEVAL_OVERRIDES="" ;;',
+        '  *) echo "USE_RETRIEVAL=$USE_RETRIEVAL is not true/false" >&2; exit 1 ;;',
+        "esac",
+    ]
+
