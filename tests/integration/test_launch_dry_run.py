@@ -37,7 +37,7 @@ def test_with_a_bucket_and_credentials_it_passes_rendering_the_qwen_model_on_the
                    AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct" in out
+    assert 'MODEL_NAME: "Qwen/Qwen2.5-1.5B-Instruct"' in out and 'actor_rollout_ref.model.path="$MODEL_NAME"' in out
     assert 'accelerators: "H100:1"' in out and "trainer.n_gpus_per_node=1" in out
     assert "GPU memory fits" in out and "per H100" in out
     assert "AWS credentials for the store are in the environment" in out
