@@ -16,6 +16,7 @@ from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot.boundary import JobRecord, Offer
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.store import Store
+from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
 
 
 class FakeSky:
@@ -100,8 +101,16 @@ def _cfg(**kw):
 
 DATASET = DatasetVersion(name="gsm8k", hash="abc", uri="s3://b/store/datasets/gsm8k/abc",
                          splits={"test": "s3://b/store/datasets/gsm8k/abc/test.parquet"}, counts={"test": 4})
-SPEC = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", "verl.trainer.main_ppo",
-                 "actor_rollout_ref.model.path=m"], overrides=["actor_rollout_ref.model.path=m"], total_steps=5)
+def _spec() -> TrainSpec:
+    """The main_ppo command VerlTrainer.plan builds (the rendered run script takes its knobs from it)."""
+    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"], env={})
+    ov = verl_overrides(cfg, {"train": "/mnt/d/train.parquet", "val": "/mnt/d/val.parquet"},
+                        VerlPaths("/tmp/verl-grpo/checkpoints/run-1"), "run-1", env={})
+    return TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", "verl.trainer.main_ppo", *ov],
+                     overrides=ov, total_steps=5)
+
+
+SPEC = _spec()
 
 
 def _submit(sky, env=None, cfg=None):
