@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -19,9 +20,11 @@ import boto3
 import mlflow
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import StateType
 from prefect.settings import PREFECT_API_URL
 from prefect_serving import served_prefect
+from tasks.train import CLOUD_TRAIN_CONCURRENCY_TAG, TRAIN_CONCURRENCY_TAG
 
 from verl_grpo.config import load_config
 from verl_grpo.rehearsal import sky_boundary
@@ -47,8 +50,10 @@ def test_prefect_deployment_run_gsm8k_gpu_trains_on_the_rehearsal_and_registers_
     with rehearsal_session(load_config(["gsm8k"]), root=home / "rehearsal") as session:
         endpoint = _override(session.overrides, "storage.endpoint_url")
         mlflow_uri = _override(session.overrides, "tracking.mlflow_uri")
+        started = time.monotonic()
         with served_prefect(home, tiny_model_dir.parent, VERL_GRPO_NIGHTLY_CRON=f"{far.minute} {far.hour} * * *",
                             VERL_GRPO_GPU_STORE=store, VERL_GRPO_GPU_STORE_ENDPOINT=endpoint):
+            served_at = time.monotonic()
             with get_client(sync_client=True) as client:
                 deployment = client.read_deployment_by_name("verl-grpo/gsm8k-gpu")
             assert deployment.parameters == {"config": ["gsm8k"], "overrides": [
@@ -63,15 +68,21 @@ def test_prefect_deployment_run_gsm8k_gpu_trains_on_the_rehearsal_and_registers_
                 env={"PATH": "/usr/bin:/bin", "HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
                      "PREFECT_API_URL": PREFECT_API_URL.value()},
                 capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+            ran_at = time.monotonic()
             flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", ran.stdout)[1]
             with get_client(sync_client=True) as client:
                 flow_run = client.read_flow_run(flow_run_id)
+                task_runs = client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
             worker_log = (home / "prefect" / "worker.log").read_text(errors="replace")
             assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:] + worker_log[-5000:]
             assert flow_run.state.type == StateType.COMPLETED
 
         run_id = flow_run.parameters["run_id"]
         assert {"verl-grpo", "gsm8k", "gpu", "tiny", "skypilot", "verl"} <= set(flow_run.tags)
+        # held by the cloud trainings' concurrency limit, not by the one of this machine's CPU trainings
+        [train_task] = [t for t in task_runs if t.name.startswith("train")]
+        assert CLOUD_TRAIN_CONCURRENCY_TAG in train_task.tags and TRAIN_CONCURRENCY_TAG not in train_task.tags
         # Trained (and evaluated) by jobs on the rehearsal of SkyPilot, which the SkyPilot provider launched.
         jobs = [sky_boundary.summary(record.job_id) for record in sky_boundary.queue()]
         assert jobs and all(job["status"] == "SUCCEEDED" for job in jobs), jobs
@@ -87,6 +98,7 @@ def test_prefect_deployment_run_gsm8k_gpu_trains_on_the_rehearsal_and_registers_
         assert any(key.startswith(f"nightly/runs/{run_id}/model/") for key in keys)
         versions = mlflow.MlflowClient(tracking_uri=mlflow_uri).search_model_versions("")
         assert [v.tags.get(RUN_ID_TAG) for v in versions] == [run_id], versions
+    print(f"\nmake serve {served_at - started:.0f} s; prefect deployment run --watch {ran_at - served_at:.0f} s")
     left = subprocess.run(["pgrep", "-af", str(home / "rehearsal")], capture_output=True, text=True).stdout.strip()
     assert not left, f"rehearsal processes left:\n{left}"
 
