@@ -70,7 +70,7 @@ def test_cpu_deployments_get_scheduled_runs_gpu_ones_wait_for_a_bucket_and_the_s
 
 
 def test_a_schedule_in_the_window_fires_and_the_worker_completes_it(scheduling_server, tiny_overrides):
-    home, _ = scheduling_server
+    home, _, _ = scheduling_server
     due = datetime.now(timezone.utc) + timedelta(seconds=15)
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("verl-grpo/gsm8k")
