@@ -237,7 +237,9 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
     """Train on cloud GPUs with SkyPilot (verl backend); every check runs before anything is spent."""
     overrides = (*overrides, f"infra.provider={provider}", *([f"skypilot.cluster={cluster}"] if cluster else []))
     if provider == "skypilot":
-        overrides = ("trainer.backend=verl", "warm_start.enabled=false", *overrides)
+        from verl_grpo.config.cloud import SKYPILOT_IMPLIES
+
+        overrides = (*SKYPILOT_IMPLIES, *overrides)
     if (preempt_at or fail_at) and not rehearse:
         raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
     if rehearse and (provider != "skypilot" or dry_run):

@@ -10,7 +10,7 @@ from tasks.evaluate import submit_eval
 from tasks.prepare import prepare_data
 from tasks.provision import provision, teardown
 from tasks.register import register
-from tasks.train import train
+from tasks.train import train, train_tag
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.evaluate.held_out import RunModel
@@ -24,7 +24,7 @@ class PrefectSteps:
         return provision(run)
 
     def train(self, run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult:
-        return train(run, dataset, cluster)
+        return train.with_options(tags={train_tag(run)})(run, dataset, cluster)
 
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> tuple[EvalReport, EvalReport]:
         """Base (cached across runs) and trained model at once, on threads or Ray workers (local or a cluster)."""

@@ -10,11 +10,18 @@ from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult
 
 TRAIN_CONCURRENCY_TAG = "verl-grpo-train"
-"""Tag of every train task run; a tag concurrency limit of 1 on it (`make serve` sets it) keeps even ad-hoc
-runs from training at the same time on one server."""
+"""Tag of every train task run on this machine (infra.provider=local); a tag concurrency limit of 1 on it (`make
+serve` sets it) keeps even ad-hoc runs from training at the same time on one server."""
+CLOUD_TRAIN_CONCURRENCY_TAG = "verl-grpo-train-cloud"
+"""Tag of every train task run on cloud GPUs (SkyPilot) instead: a limit of its own (`make serve` sets it), so a
+nightly cloud run, hours on its cluster, never waits for a CPU training on this machine nor holds one up."""
 
 
-@task(name="train", tags=[TRAIN_CONCURRENCY_TAG], **RETRIED_STEP)
+def train_tag(run: ResolvedRun) -> str:
+    return TRAIN_CONCURRENCY_TAG if run.cfg.infra.provider == "local" else CLOUD_TRAIN_CONCURRENCY_TAG
+
+
+@task(name="train", **RETRIED_STEP)
 def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult:
     """Run training on the cluster; a retry (after preemption) resumes from the last committed checkpoint.
 

@@ -2,6 +2,7 @@
 only in the server's log, so a server can look healthy while no nightly run is ever created. This check
 fails loudly instead: exit 1, one line per problem, when the log holds ERROR records (SQLite lock contention,
 which Prefect retries, only warns) or a deployment whose schedule is active has no Scheduled run within the wait.
+Deployments whose schedules are paused are listed (the GPU ones stay paused until VERL_GRPO_GPU_STORE is set).
 
 `make serve` runs it after deploying; by hand, with PREFECT_API_URL set:
     python infra/prefect/check_server.py --log "$PREFECT_HOME/server.log" [--wait 45]
@@ -66,6 +67,12 @@ def scheduled_runs(client) -> dict[str, int]:
     return counts
 
 
+def paused_deployments(client) -> list[str]:
+    """`flow/deployment` names of the deployments that have schedules, all of them paused."""
+    return sorted(f"{client.read_flow(d.flow_id).name}/{d.name}" for d in client.read_deployments()
+                  if d.schedules and not any(s.active for s in d.schedules))
+
+
 def check(log: Path, wait_s: float) -> list[str]:
     """Problems found (empty when the server is fine); waits up to `wait_s` for the scheduler's first pass."""
     deadline = time.monotonic() + wait_s
@@ -77,6 +84,7 @@ def check(log: Path, wait_s: float) -> list[str]:
             if any(not is_transient(e) for e in errors) or not unscheduled or time.monotonic() > deadline:
                 break
             time.sleep(1)
+        paused = paused_deployments(client)
     for error in filter(is_transient, errors):
         print(f"warning: server log {log}: {error} (retried by Prefect)", file=sys.stderr)
     problems = [f"server log {log}: ERROR from {e}" for e in errors if not is_transient(e)]
@@ -85,6 +93,10 @@ def check(log: Path, wait_s: float) -> list[str]:
     if not problems:
         print("scheduler: " + (", ".join(f"{name} {n} scheduled" for name, n in sorted(counts.items()))
                                or "no active schedules"))
+        if paused:
+            hint = (" (the GPU ones wait for a bucket: set VERL_GRPO_GPU_STORE=s3://bucket/prefix and re-deploy)"
+                    if any(name.endswith("-gpu") for name in paused) else "")
+            print(f"paused: {', '.join(paused)}{hint}")
     return problems
 
 

@@ -74,7 +74,7 @@ echo "MLflow UI at $VERL_GRPO_MLFLOW_UI ($VERL_GRPO_MLFLOW_UI_STORE)"
 "$VENV/bin/python" infra/prefect/setup_server.py
 "$VENV/bin/prefect" --no-prompt deploy --all >"$PREFECT_HOME/deploy.log" 2>&1 \
   || { echo "prefect deploy failed:" >&2; tail -30 "$PREFECT_HOME/deploy.log" >&2; exit 1; }
-echo "deployed: $(grep -o "verl-grpo/[a-z0-9]*" "$PREFECT_HOME/deploy.log" | sort -u | tr '\n' ' ')"
+echo "deployed: $(grep -o "verl-grpo/[a-z0-9-]*" "$PREFECT_HOME/deploy.log" | sort -u | tr '\n' ' ')"
 
 setsid "$VENV/bin/prefect" worker start --pool verl-grpo-local --type process \
   >"$PREFECT_HOME/worker.log" 2>&1 < /dev/null &

@@ -1,5 +1,6 @@
-"""Idempotent set-up of a Prefect server for verl-grpo: the process work pool, the `verl-grpo-train` tag
-concurrency limit and the automations in automations.yaml (created once, matched by name).
+"""Idempotent set-up of a Prefect server for verl-grpo: the process work pool, the tag concurrency limits of the
+train tasks (`verl-grpo-train`: trainings on this machine, 1; `verl-grpo-train-cloud`: trainings on cloud GPUs, one
+per GPU deployment) and the automations in automations.yaml (created once, matched by name).
 
 Run with PREFECT_API_URL pointing at the server: `python infra/prefect/setup_server.py`.
 VERL_GRPO_ZOMBIE_AFTER_S (or --zombie-after) sets how long a flow run may go without a heartbeat before the
@@ -24,7 +25,8 @@ from verl_grpo.config.env import env_setting, non_negative_int
 from verl_grpo.errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
-TRAIN_TAG = "verl-grpo-train"
+TRAIN_TAG = "verl-grpo-train"  # tasks/train.py TRAIN_CONCURRENCY_TAG
+CLOUD_TRAIN_TAG = "verl-grpo-train-cloud"  # tasks/train.py CLOUD_TRAIN_CONCURRENCY_TAG
 ZOMBIE_AUTOMATION = "verl-grpo-crash-zombie-runs"
 
 
@@ -38,10 +40,11 @@ def ensure_work_pool(client, name: str) -> None:
         print(f"work pool {name}: created (process)")
 
 
-def ensure_train_limit(client, limit: int) -> None:
-    """At most `limit` train task runs at once on this server, whatever flow run or deployment they belong to."""
-    client.create_concurrency_limit(tag=TRAIN_TAG, concurrency_limit=limit)
-    print(f"tag concurrency limit {TRAIN_TAG}: {limit}")
+def ensure_train_limit(client, tag: str, limit: int) -> None:
+    """At most `limit` train task runs of `tag` at once on this server, whatever flow run or deployment they belong
+    to."""
+    client.create_concurrency_limit(tag=tag, concurrency_limit=limit)
+    print(f"tag concurrency limit {tag}: {limit}")
 
 
 def ensure_automations(client, path: Path, zombie_after: int | None = None) -> None:
@@ -60,7 +63,9 @@ def ensure_automations(client, path: Path, zombie_after: int | None = None) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pool", default="verl-grpo-local")
-    parser.add_argument("--train-limit", type=int, default=1)
+    parser.add_argument("--train-limit", type=int, default=1, help="trainings at once on this machine")
+    parser.add_argument("--cloud-train-limit", type=int, default=3,
+                        help="trainings at once on cloud GPUs (default: the three nightly GPU deployments)")
     parser.add_argument("--automations", type=Path, default=HERE / "automations.yaml")
     try:
         zombie_after = env_setting("VERL_GRPO_ZOMBIE_AFTER_S", non_negative_int, 0,
@@ -76,7 +81,8 @@ def main() -> None:
                  f"{heartbeat}, else every healthy run is marked Crashed; raise it (e.g. {heartbeat + 30})")
     with get_client(sync_client=True) as client:
         ensure_work_pool(client, args.pool)
-        ensure_train_limit(client, args.train_limit)
+        ensure_train_limit(client, TRAIN_TAG, args.train_limit)
+        ensure_train_limit(client, CLOUD_TRAIN_TAG, args.cloud_train_limit)
         ensure_automations(client, args.automations, args.zombie_after or None)
 
 

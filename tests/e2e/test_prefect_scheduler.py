@@ -1,6 +1,8 @@
 """Nightly retrains fire: on a real local server (`make serve`), Prefect's scheduler service creates Scheduled
-runs for every deployment whose schedule is active, a run whose time falls inside the test's window is picked
-up by the worker and completes as a `nightly` run, and the server log holds no ERROR record."""
+runs for every deployment whose schedule is active (the CPU ones; the GPU ones stay paused while no
+VERL_GRPO_GPU_STORE names their bucket), the nightly runs start a minute apart, a run whose time falls inside the
+test's window is picked up by the worker and completes as a `nightly` run, and the server log holds no ERROR
+record."""
 
 from __future__ import annotations
 
@@ -25,22 +27,26 @@ from check_server import is_transient, log_errors  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 DEPLOYMENTS = ("verl-grpo/gsm8k", "verl-grpo/math", "verl-grpo/mbpp")
+GPU_DEPLOYMENTS = ("verl-grpo/gsm8k-gpu", "verl-grpo/math-gpu", "verl-grpo/mbpp-gpu")
 RUN_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def scheduling_server(tmp_path_factory, tiny_model_dir):
-    """`make serve` with the schedules active; the nightly cron set twelve hours away, so none fires here."""
+    """`make serve` with the schedules active and no GPU store; the nightly cron set twelve hours away, so none
+    fires here."""
     home = tmp_path_factory.mktemp("scheduled")
     far = datetime.now(timezone.utc) + timedelta(hours=12)
     with served_prefect(home, tiny_model_dir.parent, VERL_GRPO_NIGHTLY_ACTIVE="true",
                         VERL_GRPO_NIGHTLY_CRON=f"{far.minute} {far.hour} * * *") as started:
-        yield home, started
+        yield home, started, far
 
 
-def test_every_deployment_gets_scheduled_runs_and_the_server_log_has_no_error(scheduling_server):
-    home, started = scheduling_server
+def test_cpu_deployments_get_scheduled_runs_gpu_ones_wait_for_a_bucket_and_the_server_log_has_no_error(
+        scheduling_server):
+    home, started, far = scheduling_server
     assert "scheduler: " in started.stdout and " 0 scheduled" not in started.stdout, started.stdout
+    assert f"paused: {', '.join(GPU_DEPLOYMENTS)}" in started.stdout, started.stdout
     listed = subprocess.run([str(Path(sys.executable).parent / "prefect"), "flow-run", "ls", "--state", "Scheduled",
                              "--limit", "100", "-o", "json"],
                             env={"PATH": "/usr/bin:/bin", "HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
@@ -48,16 +54,23 @@ def test_every_deployment_gets_scheduled_runs_and_the_server_log_has_no_error(sc
                             capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     runs = json.loads(listed.stdout)
+    starts = {}
     with get_client(sync_client=True) as client:
-        for name in DEPLOYMENTS:
+        for name in (*DEPLOYMENTS, *GPU_DEPLOYMENTS):
             deployment = client.read_deployment_by_name(name)
-            assert deployment.schedules[0].schedule.timezone == "UTC"
-            assert sum(r["deployment_id"] == str(deployment.id) for r in runs) >= 1, name
+            [schedule] = deployment.schedules
+            assert schedule.schedule.timezone == "UTC"
+            assert schedule.active == (name in DEPLOYMENTS), name
+            scheduled = sum(r["deployment_id"] == str(deployment.id) for r in runs)
+            assert scheduled >= 1 if name in DEPLOYMENTS else scheduled == 0, (name, scheduled)
+            starts[name] = schedule.schedule.cron
+    # a minute apart, in prefect.yaml's order, from the nightly cron's minute on
+    assert list(starts.values()) == [f"{(far.minute + k) % 60} {far.hour} * * *" for k in range(6)], starts
     assert _service_errors(home) == []
 
 
 def test_a_schedule_in_the_window_fires_and_the_worker_completes_it(scheduling_server, tiny_overrides):
-    home, _ = scheduling_server
+    home, _, _ = scheduling_server
     due = datetime.now(timezone.utc) + timedelta(seconds=15)
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("verl-grpo/gsm8k")

@@ -37,14 +37,21 @@ def _steps(overrides: list[str], total_steps: int) -> list[str]:
 
 def test_deployments_have_nightly_schedule_and_pull_from_this_clone(served):
     with get_client(sync_client=True) as client:
-        for name in ("gsm8k", "math", "mbpp"):
+        for minute, name in enumerate(("gsm8k", "math", "mbpp", "gsm8k-gpu", "math-gpu", "mbpp-gpu")):
             deployment = client.read_deployment_by_name(f"verl-grpo/{name}")
-            assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
+            # the nightly cron, one minute later for each deployment: no two nightly runs start together
+            assert [s.schedule.cron for s in deployment.schedules] == [f"{minute} 2 * * *"]
             assert deployment.schedules[0].schedule.timezone == "UTC"
+            assert not deployment.schedules[0].active  # VERL_GRPO_NIGHTLY_ACTIVE=false
             assert deployment.global_concurrency_limit.limit == 1
             assert deployment.pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
-            assert deployment.parameters["config"] == [name, "local"]
+            dataset, _, gpu = name.partition("-")
+            if gpu:  # the cluster config on SkyPilot, as `verl-grpo launch` runs it; no store: none was given
+                assert deployment.parameters == {"config": [dataset], "overrides": [
+                    "infra.provider=skypilot", "trainer.backend=verl", "warm_start.enabled=false"]}
+            else:
+                assert deployment.parameters == {"config": [name, "local"], "overrides": []}
             # the store travels with the deployment, whatever the environment of the worker that runs it
             env = deployment.job_variables["env"]
             assert env["VERL_GRPO_HOME"] == str(served.resolve())

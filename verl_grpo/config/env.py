@@ -1,6 +1,7 @@
-"""The env vars that are settings but no RunConfig field (the nightly schedule read at deploy time, the reward
-client's patience, `make serve`'s zombie timeout), each read through `env_setting`: unset keeps the default; set to
-nothing, to blanks or to a value that does not parse, it fails in one line naming the variable and the fix.
+"""The env vars that are settings but no RunConfig field (the nightly schedules and the GPU deployments' store, read at
+deploy time; the reward client's patience, `make serve`'s zombie timeout), each read through `env_setting`: unset keeps
+the default; set to nothing, to blanks or to a value that does not parse, it fails in one line naming the variable and
+the fix.
 
 (The env knobs that are RunConfig fields go through `loader.load_config`; the path variables through
 `verl_grpo.paths.env_path`.)
@@ -9,8 +10,10 @@ nothing, to blanks or to a value that does not parse, it fails in one line namin
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import TypeVar
+from urllib.parse import urlparse
 
 from verl_grpo.errors import ConfigError
 
@@ -54,3 +57,22 @@ def boolean(raw: str) -> bool:
     if raw.lower() in ("false", "0", "no"):
         return False
     raise ValueError("")
+
+
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def s3_uri(raw: str) -> str:
+    """`s3://bucket[/prefix]` with a valid bucket name; returned without a trailing slash."""
+    bucket = raw.removeprefix("s3://").split("/", 1)[0]
+    if not raw.startswith("s3://") or not _S3_BUCKET.fullmatch(bucket):
+        raise ValueError("")
+    return raw.rstrip("/")
+
+
+def http_url(raw: str) -> str:
+    """An http(s):// URL with a host."""
+    parsed = urlparse(raw)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError("")
+    return raw.rstrip("/")
