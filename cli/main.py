@@ -231,9 +231,15 @@ def _stored_train_result(cfg, run_id: str):
 @click.option("--fail-at", "fail_at", type=click.IntRange(min=1), default=None, metavar="STEP",
               help="With --rehearse: the stand-in trainer fails once at STEP (user code), as a real bug would.")
 @click.option("--cluster", default=None, help="Run the next training round on this existing SkyPilot cluster (sky exec).")
+@click.option("--run-id", default=None, help="Resume this run id from its last committed checkpoint; it must exist in "
+                                              "the store (default: resume an unfinished run with the same config, "
+                                              "else start one).")
+@click.option("--fresh", is_flag=True, help="Start a new run (named --run-id when given) even if an unfinished one "
+                                            "with the same config exists.")
 @_user_errors
 def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, dry_run: bool, rehearse: bool,
-           preempt_at: tuple[int, ...], fail_at: int | None, cluster: str | None) -> None:
+           preempt_at: tuple[int, ...], fail_at: int | None, cluster: str | None, run_id: str | None,
+           fresh: bool) -> None:
     """Train on cloud GPUs with SkyPilot (verl backend); every check runs before anything is spent."""
     overrides = (*overrides, f"infra.provider={provider}", *([f"skypilot.cluster={cluster}"] if cluster else []))
     if provider == "skypilot":
@@ -244,18 +250,26 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
         raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
     if rehearse and (provider != "skypilot" or dry_run):
         raise ConfigError("--rehearse rehearses a SkyPilot launch: use it with --provider skypilot and without --dry-run")
+    if rehearse and run_id and not fresh:
+        raise ConfigError("--rehearse starts from an empty rehearsal store, where no run can be resumed; drop --run-id "
+                          "or add --fresh to name the rehearsed run")
     # On SkyPilot the dry run (which a real launch runs first) reports missing data among all its other checks.
     cfg = _load(configs, overrides, data=provider != "skypilot" or rehearse)
     if rehearse:
-        _rehearse(configs, overrides, cfg, preempt_at, fail_at)
+        _rehearse(configs, overrides, cfg, preempt_at, fail_at, run_id, fresh)
         return
+    if run_id:  # the dry run checks it too: a resume of a run the store lacks fails before anything starts
+        from verl_grpo import runs
+        from verl_grpo.store import Store
+
+        runs.checked_run_id(Store.from_config(cfg.storage), cfg, run_id, fresh=fresh)
     if provider == "skypilot":
         from verl_grpo.providers.skypilot.dry_run import dry_run as sky_dry_run
 
         click.echo(sky_dry_run(cfg).render())
     if dry_run:
         return
-    _print_where_to_look(_run_flow(configs, overrides), cfg)
+    _print_where_to_look(_run_flow(configs, overrides, run_id, fresh), cfg)
 
 
 def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None = None,
@@ -269,7 +283,7 @@ def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str 
 
 
 def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt_at: tuple[int, ...],
-              fail_at: int | None) -> None:
+              fail_at: int | None, run_id: str | None = None, fresh: bool = False) -> None:
     """The real flow on the local rehearsal of SkyPilot; prints what it exercised, also when the run fails."""
     from verl_grpo.providers.skypilot.dry_run import dry_run as sky_dry_run
     from verl_grpo.rehearsal.report import rehearsal_report
@@ -286,7 +300,7 @@ def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt
             sky_boundary.create_cluster(cfg.skypilot.cluster)
         summary, error = None, None
         try:
-            summary = _run_flow(configs, overrides)
+            summary = _run_flow(configs, overrides, run_id, fresh)
         except Exception as e:  # the report says what ran before the failure; the error is re-raised below
             error = e
         click.echo(rehearsal_report(session, cfg, dry.costs, summary))
@@ -325,6 +339,55 @@ def home() -> None:
                         ("Prefect home", ensure_dir(prefect_home(), "PREFECT_HOME")),
                         ("model cache", model_cache_dir()), ("data mirror", data_mirror_dir())):
         click.echo(f"{name:27} {where}")
+
+
+@main.group()
+def jobs() -> None:
+    """A run's SkyPilot jobs (`verl-grpo-{run_id}`, `-eval`): list, follow, cancel; on the rehearsal when
+    VERL_GRPO_REHEARSAL_DIR is set."""
+
+
+_CLUSTER_JOBS_HELP = "The jobs run with `sky exec` on this existing cluster (default: managed jobs)."
+
+
+@jobs.command("queue")
+@click.option("--cluster", default=None, help=_CLUSTER_JOBS_HELP)
+@_user_errors
+def jobs_queue(cluster: str | None) -> None:
+    """Every SkyPilot job, newest first, as `sky jobs queue` (or `sky queue CLUSTER`) lists it."""
+    from verl_grpo.providers.skypilot import jobs as sky_jobs
+
+    for line in sky_jobs.queue_lines(sky_jobs.queue(sky_jobs.provider(), cluster)):
+        click.echo(line)
+
+
+@jobs.command("logs")
+@click.option("--run-id", required=True, help="The run whose job to show (the `run id` the launch printed).")
+@click.option("--follow/--no-follow", default=True, show_default=True, help="Stream until the job ends.")
+@click.option("--eval", "eval_task", is_flag=True, help="The run's eval task instead of its training job.")
+@click.option("--cluster", default=None, help=_CLUSTER_JOBS_HELP)
+@_user_errors
+def jobs_logs(run_id: str, follow: bool, eval_task: bool, cluster: str | None) -> None:
+    """The log of the run's newest training (or eval) job from its start, as `sky jobs logs` prints it."""
+    from verl_grpo.providers.skypilot import jobs as sky_jobs
+
+    for line in sky_jobs.logs(sky_jobs.provider(), run_id, follow=follow, eval_task=eval_task, cluster=cluster):
+        click.echo(line)
+
+
+@jobs.command("cancel")
+@click.option("--run-id", required=True, help="The run whose live jobs to cancel (training and eval).")
+@click.option("--cluster", default=None, help=_CLUSTER_JOBS_HELP)
+@_user_errors
+def jobs_cancel(run_id: str, cluster: str | None) -> None:
+    """Cancel the run's live jobs; its committed checkpoints stay in the store, and a launch with --run-id resumes."""
+    from verl_grpo.providers.skypilot import jobs as sky_jobs
+
+    cancelled = sky_jobs.cancel(sky_jobs.provider(), run_id, cluster)
+    for job in cancelled:
+        click.echo(f"cancelled {job.job.name} (id {job.job.id}, was {job.status})")
+    if not cancelled:
+        click.echo(f"no live job of run {run_id}: nothing to cancel")
 
 
 @main.group()

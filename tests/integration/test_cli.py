@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cli.main import main
 
-COMMANDS = ["run", "prepare", "train", "evaluate", "register", "validate", "score", "launch", "models"]
+COMMANDS = ["run", "prepare", "train", "evaluate", "register", "validate", "score", "launch", "models", "jobs"]
 
 
 @pytest.fixture
@@ -108,3 +108,8 @@ def test_fresh_with_a_run_id_starts_that_run_and_refuses_it_the_second_time(cli,
     runs.begin_run(store, cfg, "mine", fresh=True)
     again = cli("run", "-c", "gsm8k", "-o", overrides[0], "-o", overrides[1], "--run-id", "mine", "--fresh")
     assert again.exit_code == 2 and "already exists" in again.output and "runs/mine/run.json" in again.output
+
+
+def test_launch_rehearse_refuses_a_run_id_to_resume(cli):
+    result = cli("launch", "-c", "gsm8k", "-c", "local", "--rehearse", "--run-id", "gsm8k-x-0101")
+    assert result.exit_code == 2 and "empty rehearsal store" in result.output
