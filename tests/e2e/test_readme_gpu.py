@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.paths import data_mirror_dir
+from sky_home import sky_home
 
 pytestmark = pytest.mark.e2e
 
@@ -131,10 +130,7 @@ class Shell:
 def shell(tmp_path, s3_server, tiny_model_dir):
     import boto3
 
-    home = tmp_path / "home"
-    catalog = data_mirror_dir() / "skypilot-catalog" / "v8"
-    assert (catalog / "lambda" / "vms.csv").is_file(), f"SkyPilot catalog copy missing at {catalog}"
-    shutil.copytree(catalog, home / ".sky" / "catalogs" / "v8")
+    home = sky_home(tmp_path / "home")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WANDB_", "VERL_GRPO_REHEARSAL"))}
     env.pop("PREFECT_API_URL", None)
     env.pop("SKY_RUNTIME_DIR", None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.paths import data_mirror_dir
+from sky_home import sky_home
 
 SCRIPT = r'''
 import json, sys, time
@@ -64,11 +63,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_job_group_reaches_the_api_server_and_fails_only_for_no_cloud(tmp_path):
-    catalog = data_mirror_dir() / "skypilot-catalog" / "v8"
-    if not (catalog / "lambda" / "vms.csv").is_file():
-        pytest.fail(f"SkyPilot catalog copy missing at {catalog}")
-    home = tmp_path / "home"
-    shutil.copytree(catalog, home / ".sky" / "catalogs" / "v8")
+    home = sky_home(tmp_path / "home")
     workdir = tmp_path / "workdir"  # a small workdir: the server would upload the whole checkout otherwise
     workdir.mkdir()
     (workdir / "README").write_text("slow test workdir\n")

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from verl_grpo.paths import data_mirror_dir
+from sky_home import sky_home
 
 SCRIPT = r'''
 import json, sys
@@ -42,11 +41,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    home = tmp_path_factory.mktemp("skyhome")
-    catalog = data_mirror_dir() / "skypilot-catalog" / "v8"
-    if not (catalog / "lambda" / "vms.csv").is_file():
-        pytest.fail(f"SkyPilot catalog copy missing at {catalog}")
-    shutil.copytree(catalog, home / ".sky" / "catalogs" / "v8")
+    home = sky_home(tmp_path_factory.mktemp("skyhome"))
     env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state")}
     env.pop("SKY_RUNTIME_DIR", None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,

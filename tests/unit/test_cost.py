@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from verl_grpo.paths import data_mirror_dir
+from sky_home import sky_home
 
 # A cloud that sells spot, in SkyPilot's RunPod catalog format: H100:8 cheaper on demand in US, on spot in CA.
 RUNPOD_CSV = """\
@@ -92,13 +91,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    home = tmp_path_factory.mktemp("skyhome")
-    catalog = data_mirror_dir() / "skypilot-catalog" / "v8"
-    if not (catalog / "lambda" / "vms.csv").is_file():
-        pytest.fail(f"SkyPilot catalog copy missing at {catalog}")
-    shutil.copytree(catalog, home / ".sky" / "catalogs" / "v8")
-    (home / ".sky" / "catalogs" / "v8" / "runpod").mkdir()
-    (home / ".sky" / "catalogs" / "v8" / "runpod" / "vms.csv").write_text(RUNPOD_CSV)
+    home = sky_home(tmp_path_factory.mktemp("skyhome"), {"runpod": RUNPOD_CSV})
     env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state"),
            "VERL_GRPO_REHEARSAL_DIR": str(home / "rehearsal")}
     env.pop("SKY_RUNTIME_DIR", None)
