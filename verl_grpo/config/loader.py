@@ -172,30 +172,30 @@ def _derived_knobs(merged: dict[str, Any], origins: dict[str, str], knobs: Mappi
 
 
 def _positive_int(var: str, raw: str, meaning: str) -> int:
-    if not raw.strip():
-        raise ConfigError(f"env var {var}: empty value; give the {meaning} or unset {var}")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = None
+    value = _env_value(var, raw, f"give the {meaning} or unset {var}")
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"env var {var}: {raw!r} is not a whole number >= 1; give the {meaning} or unset {var}")
     return value
 
 
 def _boolean(var: str, raw: str, meaning: str) -> bool:
-    if not raw.strip():
-        raise ConfigError(f"env var {var}: empty value; set {var}=true ({meaning}) or false, or unset {var}")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = None
+    fix = f"set {var}=true ({meaning}) or false, or unset {var}"
+    value = _env_value(var, raw, fix)
     if value in (0, 1) and not isinstance(value, float):
         value = bool(value)
     if not isinstance(value, bool):
-        raise ConfigError(f"env var {var}: {raw!r} is not true/false; set {var}=true ({meaning}) or false, "
-                          f"or unset {var}")
+        raise ConfigError(f"env var {var}: {raw!r} is not true/false; {fix}")
     return value
+
+
+def _env_value(var: str, raw: str, fix: str) -> object:
+    """The env var's value read as YAML (None when it is no YAML); one line naming the var when it is empty."""
+    if not raw.strip():
+        raise ConfigError(f"env var {var}: empty value; {fix}")
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return None
 
 
 def resolve_config_path(f: str | Path) -> Path:
