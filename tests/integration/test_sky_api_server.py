@@ -1,4 +1,5 @@
-"""SkyPilot's real local API server receives our job group and refuses it for lack of cloud access, not validation.
+"""SkyPilot's real local API server: before any launch the managed-job queue is empty (no controller yet), and our
+job group is refused for lack of cloud access, not validation.
 
 Runs in a subprocess whose HOME holds the catalog copy (SkyPilot fixes its paths at import) and whose API server
 listens on 127.0.0.1 on a free port, so it never meets another SkyPilot server on this machine; the server is
@@ -39,6 +40,7 @@ start = time.perf_counter()
 sky.api_start(host="127.0.0.1", port=int(sys.argv[2]))
 out["server_start_s"] = time.perf_counter() - start
 try:
+    out["queue_before_any_launch"] = [r.__dict__ for r in boundary.queue()]  # the provider's first call
     start = time.perf_counter()
     try:
         boundary.launch_managed(rendered.yaml, templates.job_name("slow"), templates.launch_secrets(cfg, {}),
@@ -80,3 +82,4 @@ def test_job_group_reaches_the_api_server_and_fails_only_for_no_cloud(tmp_path):
     print(f"API server start {result['server_start_s']:.1f}s, launch refused after {result['launch_s']:.1f}s")
     assert result["error"] == "NoCloudAccessError", result
     assert result["no_cloud_access"] is True
+    assert result["queue_before_any_launch"] == []  # no jobs controller yet: no jobs, not ClusterDoesNotExist

@@ -166,10 +166,20 @@ def exec_on_cluster(cluster_name: str, yaml_str: str, secrets: Mapping[str, str]
 
 
 def queue() -> list[JobRecord]:
-    """All managed jobs of this user, refreshed from the jobs controller."""
+    """All managed jobs of this user, refreshed from the jobs controller; none before the first managed job
+    launched the controller, or after it was torn down (as `sky jobs queue` says)."""
     import sky
+    from sky import exceptions
 
-    return [_record(r, sky.jobs.ManagedJobStatus) for r in sky.get(sky.jobs.queue(refresh=True))]
+    try:
+        records = sky.get(sky.jobs.queue(refresh=True))
+    except exceptions.ClusterDoesNotExist:  # the controller was never launched: a first launch asks here
+        return []
+    except exceptions.ClusterNotUpError as e:
+        if e.cluster_status is None:  # torn down
+            return []
+        raise
+    return [_record(r, sky.jobs.ManagedJobStatus) for r in records]
 
 
 def cluster_status(cluster_name: str) -> str | None:
