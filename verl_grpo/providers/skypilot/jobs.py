@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from verl_grpo.contracts import Job
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import templates
-from verl_grpo.providers.skypilot.provider import CLUSTER_LIVE, LIVE, NAME, SkyPilotProvider
+from verl_grpo.providers.skypilot.provider import CLUSTER_JOB_SEP, CLUSTER_LIVE, LIVE, NAME, SkyPilotProvider
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,16 @@ def queue(sky: SkyPilotProvider, cluster: str | None = None) -> list[RunJob]:
         if sky.sky.cluster_status(cluster) != "UP":
             raise ConfigError(f"--cluster {cluster!r} is not an UP SkyPilot cluster (`sky status`); check the name")
         records, live = sky.sky.cluster_queue(cluster), CLUSTER_LIVE
-    prefix = f"{cluster}/" if cluster else ""
+    prefix = f"{cluster}{CLUSTER_JOB_SEP}" if cluster else ""
     jobs = [RunJob(job=Job(provider=NAME, id=f"{prefix}{r.job_id}", name=r.name), status=r.status,
                    recovery_count=r.recovery_count, failure_reason=r.failure_reason, live=r.status in live)
             for r in records]
-    return sorted(jobs, key=lambda j: int(j.job.id.rpartition("/")[2]), reverse=True)
+    return sorted(jobs, key=lambda j: int(j.job.id.rpartition(CLUSTER_JOB_SEP)[2]), reverse=True)
 
 
 def run_jobs(sky: SkyPilotProvider, run_id: str, cluster: str | None = None) -> list[RunJob]:
     """The run's training and eval jobs, newest first (a relaunch or a resume adds a job of the same name)."""
-    names = {templates.job_name(run_id), templates.eval_job_name(run_id)}
+    names = templates.run_job_names(run_id)
     return [j for j in queue(sky, cluster) if j.job.name in names]
 
 

@@ -42,7 +42,7 @@ CLUSTER_LIVE = {"INIT", "PENDING", "SETTING_UP", "RUNNING"}
 _CLUSTER_PHASES = {"INIT": "PENDING", "PENDING": "PENDING", "SETTING_UP": "RUNNING", "RUNNING": "RUNNING",
                    "SUCCEEDED": "SUCCEEDED", "CANCELLED": "CANCELLED"}
 CLUSTER_FAILURES = {"FAILED", "FAILED_SETUP", "FAILED_DRIVER"}
-_CLUSTER_JOB_SEP = "/"
+CLUSTER_JOB_SEP = "/"
 """Job.id of a cluster job is `{cluster}/{job id}` (SkyPilot cluster names contain no `/`)."""
 
 
@@ -156,8 +156,7 @@ class SkyPilotProvider:
 
         An existing cluster (skypilot.cluster) is the user's: it stays up, only this run's live jobs are cancelled.
         """
-        names = {templates.job_name(cluster.run_id), templates.eval_job_name(cluster.run_id)} if cluster.run_id \
-            else {cluster.name}
+        names = templates.run_job_names(cluster.run_id) if cluster.run_id else {cluster.name}
         if cluster.reused:
             for record in self._cluster_jobs(cluster.name):
                 if record.name in names and record.status in CLUSTER_LIVE:
@@ -174,7 +173,7 @@ class SkyPilotProvider:
             return None
         from verl_grpo.providers.skypilot.cost import actual_cost
 
-        names = {templates.job_name(run_id), templates.eval_job_name(run_id)}
+        names = templates.run_job_names(run_id)
         return actual_cost(cfg, run_id, [r for r in self.sky.queue() if r.name in names], self.sky)
 
     def _launch(self, cfg: RunConfig, name: str, render: Callable[[], templates.RenderedTask]) -> Job:
@@ -204,14 +203,14 @@ class SkyPilotProvider:
                               f"start it with `sky start {cluster}`, or unset skypilot.cluster to launch a managed job")
         live = [r for r in self.sky.cluster_queue(cluster) if r.name == name and r.status in CLUSTER_LIVE]
         if live:
-            return Job(provider=NAME, id=f"{cluster}{_CLUSTER_JOB_SEP}{max(r.job_id for r in live)}", name=name)
+            return Job(provider=NAME, id=f"{cluster}{CLUSTER_JOB_SEP}{max(r.job_id for r in live)}", name=name)
         rendered = render()
         secrets = _secrets_for(rendered, cfg, self.env)
         try:
             job_id = self.sky.exec_on_cluster(cluster, rendered.yaml, secrets)
         except Exception as e:  # SkyPilot raises many types; classify, never swallow.
             raise _launch_error(self.sky, e) from e
-        return Job(provider=NAME, id=f"{cluster}{_CLUSTER_JOB_SEP}{job_id}", name=name)
+        return Job(provider=NAME, id=f"{cluster}{CLUSTER_JOB_SEP}{job_id}", name=name)
 
     def _cluster_jobs(self, cluster: str) -> list:
         status = self.sky.cluster_status(cluster)
@@ -253,7 +252,7 @@ def run_config_of(cluster: Cluster) -> RunConfig:
 
 def _cluster_job(job: Job) -> tuple[str, int] | None:
     """(cluster, job id) of a job started with `sky exec`; None for a managed job."""
-    cluster, sep, job_id = job.id.rpartition(_CLUSTER_JOB_SEP)
+    cluster, sep, job_id = job.id.rpartition(CLUSTER_JOB_SEP)
     return (cluster, int(job_id)) if sep else None
 
 

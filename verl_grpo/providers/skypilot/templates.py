@@ -210,6 +210,11 @@ def eval_job_name(run_id: str) -> str:
     return f"{job_name(run_id)}-eval"
 
 
+def run_job_names(run_id: str) -> set[str]:
+    """The names of every SkyPilot job of a run: its training job and its eval task."""
+    return {job_name(run_id), eval_job_name(run_id)}
+
+
 def eval_accelerators(cfg: RunConfig) -> tuple[str, int]:
     """(accelerator spec, whole GPUs) of the eval task: skypilot.eval_accelerators, else infra.accelerators' GPU
     type × verl.rollout_tp. vLLM runs tensor-parallel over all of them."""
