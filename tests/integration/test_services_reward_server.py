@@ -32,9 +32,22 @@ def test_scores_equal_in_process_scoring(client):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["scorer"] == "rule"
-    assert body["scores"] == [compute_score(i["data_source"], i["solution_str"], i["ground_truth"]) for i in items]
-    assert [s["score"] for s in body["scores"]][0] == 1.0
-    assert body["scores"][3]["test_pass_rate"] == 1.0
+    expected = [compute_score(i["data_source"], i["solution_str"], i["ground_truth"]) for i in items]
+    assert [r["components"] for r in body["rewards"]] == expected
+    assert [r["reward"] for r in body["rewards"]] == [e["score"] for e in expected]
+    assert [r["correct"] for r in body["rewards"]] == [True, False, True, True]
+    assert [r["extracted_answer"] for r in body["rewards"]][:3] == ["42", expected[1]["pred"] or None, "\\frac{1}{2}"]
+    assert body["rewards"][3]["components"]["test_pass_rate"] == 1.0
+    assert body["mean_reward"] == pytest.approx(sum(e["score"] for e in expected) / 4)
+    assert body["accuracy"] == 0.75
+    assert set(body) == {"rewards", "mean_reward", "accuracy", "scorer", "seconds"}
+
+
+def test_the_seeds_reward_function_reads_the_answer(client):
+    """SkyPilot's verl_reward_function reads `[r["reward"] for r in data["rewards"]]`."""
+    items = [{"data_source": "gsm8k", "solution_str": s, "ground_truth": "42"} for s in (GOOD, "no")]
+    data = client.post("/batch_reward", json={"items": items}, headers=AUTH).json()
+    assert [r["reward"] for r in data["rewards"]] == [1.0, compute_score("gsm8k", "no", "42")["score"]]
 
 
 def test_missing_and_wrong_token_are_401(client):
@@ -68,7 +81,8 @@ def test_errors_are_structured_4xx(client):
 def test_openapi_documents_the_models(client):
     spec = client.get("/openapi.json").json()
     assert "/batch_reward" in spec["paths"]
-    assert {"RewardItem", "BatchRewardRequest", "BatchRewardResponse", "ErrorResponse"} <= set(spec["components"]["schemas"])
+    assert {"RewardItem", "BatchRewardRequest", "BatchRewardResponse", "RewardResult",
+            "ErrorResponse"} <= set(spec["components"]["schemas"])
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +108,10 @@ def test_neural_reward_model_behind_the_same_api(tiny_reward_model):
         r = c.post("/batch_reward", json={"items": items}, headers=AUTH)
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["scorer"] == "model" and len(body["scores"]) == 3
-        scores = [s["score"] for s in body["scores"]]
+        assert body["scorer"] == "model" and len(body["rewards"]) == 3 and body["accuracy"] is None
+        assert all(r["correct"] is None and r["reward"] == r["components"]["score"] for r in body["rewards"])
+        scores = [r["reward"] for r in body["rewards"]]
         assert all(isinstance(s, float) for s in scores) and len(set(scores)) == 3
-        again = c.post("/batch_reward", json={"items": items[:1]}, headers=AUTH).json()["scores"][0]["score"]
+        again = c.post("/batch_reward", json={"items": items[:1]}, headers=AUTH).json()["rewards"][0]["reward"]
         assert again == pytest.approx(scores[0], abs=1e-5)  # padding in a batch does not change a score
         assert c.get("/health").json()["info"]["num_labels"] == 1

@@ -2,7 +2,8 @@
 
 verl: point `reward.custom_reward_function.path=pkg://verl_grpo.services.reward_client` (name `compute_score`).
 It is a coroutine, so verl's reward loop awaits it without a thread; it posts one item to
-`$VERL_GRPO_REWARD_SERVER_URL/batch_reward` with retries and timeouts and returns the score dict.
+`$VERL_GRPO_REWARD_SERVER_URL/batch_reward` with retries and timeouts and returns the score dict (the
+`components` of the answer's one entry in `rewards`).
 
 TRL: `remote_trl_reward_functions(data_source)` returns the same (functions, weights) as
 `verl_grpo.rewards.trl_adapter.trl_reward_functions`, but each training step's completions are scored by
@@ -72,7 +73,12 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     are accepted and unused)."""
     body = {"items": [reward_item(data_source, solution_str, ground_truth, extra_info)]}
     response = await _async_client().post("/batch_reward", body)
-    return response["scores"][0]
+    return score_dicts(response)[0]
+
+
+def score_dicts(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The score dicts (`score` plus components) of a /batch_reward answer, in item order."""
+    return [result["components"] for result in response["rewards"]]
 
 
 def score_batch(items: Sequence[dict[str, Any]], client: ServiceClient | None = None) -> list[dict[str, Any]]:
@@ -80,7 +86,7 @@ def score_batch(items: Sequence[dict[str, Any]], client: ServiceClient | None = 
     own = client is None
     client = client or ServiceClient(service_url("reward"), **_client_settings())
     try:
-        return client.post("/batch_reward", {"items": list(items)})["scores"]
+        return score_dicts(client.post("/batch_reward", {"items": list(items)}))
     finally:
         if own:
             client.close()

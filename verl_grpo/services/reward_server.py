@@ -1,9 +1,11 @@
 """reward-server: `POST /batch_reward` scores responses with verl_grpo.rewards (or a neural reward model).
 
-Items are `{data_source, solution_str, ground_truth, extra_info}` — verl's scorer arguments — and each
-answer is the score dict `compute_score` returns (`score` plus components). Items are grouped by
-dataset so MBPP programs of one request run in parallel on the sandbox pool. With `--reward-model PATH`
-the same API is answered by a sequence-classification model instead.
+Items are `{data_source, solution_str, ground_truth, extra_info}` — verl's scorer arguments. The answer has the
+seed's shape (SkyPilot's llm/verl-jobgroup reward server): `rewards`, one `{reward, correct, extracted_answer}`
+per item in request order, plus `mean_reward` and `accuracy`; each reward also carries `components`, the whole
+score dict `compute_score` returns (`score` plus the GRAIL components), which verl's reward loop and TRL read.
+Items are grouped by dataset so MBPP programs of one request run in parallel on the sandbox pool. With
+`--reward-model PATH` the same API is answered by a sequence-classification model instead.
 """
 
 from __future__ import annotations
@@ -46,11 +48,42 @@ class BatchRewardRequest(BaseModel):
     items: list[RewardItem] = Field(min_length=1)
 
 
+class RewardResult(BaseModel):
+    reward: float
+    """The total reward of the item (the score dict's `score`)."""
+    correct: bool | None
+    """Whether the answer is right (`acc` of the rule scorers); None for a neural reward model, which judges none."""
+    extracted_answer: str | None = None
+    """The answer the scorer read from the response (`pred`), when the dataset's scorer extracts one."""
+    components: dict[str, JsonValue]
+    """The whole score dict: `score`, each weighted component, `acc` and the scorer's details."""
+
+    @classmethod
+    def of(cls, score: dict[str, Any]) -> RewardResult:
+        acc = score.get("acc")
+        pred = score.get("pred")
+        return cls(reward=float(score["score"]), correct=None if acc is None else float(acc) >= 1.0,
+                   extracted_answer=None if pred in (None, "") else str(pred), components=score)
+
+
 class BatchRewardResponse(BaseModel):
-    scores: list[dict[str, JsonValue]]
-    """One score dict per item, in request order (`score` is the total)."""
+    rewards: list[RewardResult]
+    """One result per item, in request order."""
+    mean_reward: float
+    """Mean of the items' rewards."""
+    accuracy: float | None
+    """Share of correct items (None when the scorer judges no correctness)."""
     scorer: Literal["rule", "model"]
+    """`rule` (verifiable rewards) or `model` (neural reward model)."""
     seconds: float
+    """Time spent scoring."""
+
+    @classmethod
+    def of(cls, scores: list[dict[str, Any]], scorer: str, seconds: float) -> BatchRewardResponse:
+        rewards = [RewardResult.of(s) for s in scores]
+        judged = [r.correct for r in rewards if r.correct is not None]
+        return cls(rewards=rewards, mean_reward=sum(r.reward for r in rewards) / len(rewards),
+                   accuracy=sum(judged) / len(judged) if judged else None, scorer=scorer, seconds=seconds)
 
 
 class RuleScorer:
@@ -111,13 +144,13 @@ def build_app(scorer: RuleScorer | ModelScorer, token: str | None, max_body_byte
 
     @router.post("/batch_reward", response_model=BatchRewardResponse)
     def batch_reward(request: BatchRewardRequest) -> BatchRewardResponse:
-        """Score dicts for every item, in order."""
+        """A reward (with its score components) for every item, in order."""
         if len(request.items) > max_items:
             raise ServiceError(422, "too_many_items", f"{len(request.items)} items exceed the limit of {max_items}; "
                                                       "split the batch")
         started = time.perf_counter()
         scores = scorer.score(request.items)
-        return BatchRewardResponse(scores=scores, scorer=scorer.kind, seconds=round(time.perf_counter() - started, 6))
+        return BatchRewardResponse.of(scores, scorer.kind, round(time.perf_counter() - started, 6))
 
     app.include_router(router)
     return app
