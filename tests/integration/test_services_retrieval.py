@@ -88,12 +88,12 @@ def test_retrieve_endpoint(built, embedder, corpus):
 
 
 def test_verl_tool_config_loads_with_verls_loader(monkeypatch):
-    monkeypatch.setenv("VERL_GRPO_RETRIEVAL_SERVER_URL", "http://retrieval-server-0.grp:8300")
+    monkeypatch.setenv("VERL_GRPO_RETRIEVAL_SERVER_URL", "http://retrieval-server-0.grp:8002")
     from verl.tools.tool_registry import initialize_tools_from_config
 
     from verl_grpo.services.search_tool import SearchTool, tool_config_path
 
     assert validate_tool_config() == ["search"]
     (tool,) = initialize_tools_from_config(str(tool_config_path()))
-    assert isinstance(tool, SearchTool) and tool.url == "http://retrieval-server-0.grp:8300"
+    assert isinstance(tool, SearchTool) and tool.url == "http://retrieval-server-0.grp:8002"
     assert tool.tool_schema.function.parameters.required == ["query"]

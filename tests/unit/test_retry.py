@@ -14,7 +14,7 @@ import pytest
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import ConfigError, DataError, InfraError
 from verl_grpo.retry import Backoff, last_error
-from verl_grpo.services.client import AsyncServiceClient, ServiceClient
+from verl_grpo.services.client import AsyncServiceClient, ServiceClient, replica_urls, service_url
 from verl_grpo.store import Store
 
 BASE = "http://service.test"
@@ -192,3 +192,26 @@ def test_async_client_rides_out_refused_connections():
     seen, handle = _answers(0, 500)
     assert asyncio.run(_async_post(handle, retries=3)) == {"ok": True}
     assert len(seen) == 3
+
+
+def test_a_service_with_replicas_is_spread_over_them_and_a_retry_takes_the_next(sleeps):
+    """services.retrieval.replicas > 1 exports one URL per replica, comma-separated; SkyPilot's job-group DNS has no
+    name that spreads over a task's nodes, so the client does."""
+    seen, handle = _answers(0)  # the first attempt's replica refuses the connection
+    client = ServiceClient("http://r-0.g:8002, http://r-1.g:8002/", token="t", retries=2, backoff_s=0.5)
+    client._http = httpx.Client(transport=httpx.MockTransport(handle))
+    with client:
+        assert client.urls == ["http://r-0.g:8002", "http://r-1.g:8002"]
+        client.post("/retrieve", {"queries": ["q"]})
+        for _ in range(4):
+            client.get("/health")
+    hosts = [r.url.host for r in seen]
+    assert hosts[0] != hosts[1]  # the retry after the refused connection went to the other replica
+    assert hosts == hosts[:2] * 3  # and the requests take the replicas in turn
+
+
+def test_service_url_keeps_every_replica():
+    env = {"VERL_GRPO_RETRIEVAL_SERVER_URL": "http://r-0.g:8002/,http://r-1.g:8002"}
+    assert service_url("retrieval", env) == "http://r-0.g:8002,http://r-1.g:8002"
+    with pytest.raises(ConfigError, match="names no URL"):
+        replica_urls(" , ")

@@ -82,7 +82,7 @@ def test_job_group_services_and_discovery():
     names = [d["name"] for d in docs[1:]]
     assert names == ["data-server", "reward-server", "retrieval-server", "verl-trainer"]
     assert "python -m verl_grpo.services.reward_server serve" in docs[2]["run"]
-    assert 'http://reward-server-0.${SKYPILOT_JOBGROUP_NAME}:8200' in docs[-1]["run"]
+    assert 'http://reward-server-0.${SKYPILOT_JOBGROUP_NAME}:8001' in docs[-1]["run"]
     assert docs[-1]["secrets"] == {"VERL_GRPO_SERVICES_TOKEN": None}
 
 

@@ -252,7 +252,7 @@ def test_job_group_shape_launches_a_group_with_service_endpoints():
     sky = FakeSky()
     provider = PerCall(sky)
     cluster = provider.up(_cfg(**{"skypilot.shape": "job_group", "services.enabled": "[reward]"}), "run-1")
-    assert cluster.endpoints["reward-server"] == "http://reward-server-0.verl-grpo-run-1:8200"
+    assert cluster.endpoints["reward-server"] == "http://reward-server-0.verl-grpo-run-1:8001"
     provider.submit(cluster, SPEC)
     yaml_str, _, secrets, group = sky.launched[0]
     # No token in the caller's environment: one is generated for the job's services, passed as a secret only.

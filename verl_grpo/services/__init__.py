@@ -29,13 +29,16 @@ class ServiceSpec:
 SERVICES: dict[str, ServiceSpec] = {
     s.name: s
     for s in (
-        ServiceSpec("data", "data-server", "verl_grpo.services.data_server", 8100),
-        ServiceSpec("reward", "reward-server", "verl_grpo.services.reward_server", 8200),
-        ServiceSpec("retrieval", "retrieval-server", "verl_grpo.services.retrieval_server", 8300),
-        ServiceSpec("replay", "replay-buffer", "verl_grpo.services.replay_buffer", 8400),
+        ServiceSpec("data", "data-server", "verl_grpo.services.data_server", 8000),
+        ServiceSpec("reward", "reward-server", "verl_grpo.services.reward_server", 8001),
+        ServiceSpec("retrieval", "retrieval-server", "verl_grpo.services.retrieval_server", 8002),
+        ServiceSpec("replay", "replay-buffer", "verl_grpo.services.replay_buffer", 8003),
     )
 }
-"""Config name (`services.enabled`) → spec; the SkyPilot job and rollout groups render their tasks from it."""
+"""Config name (`services.enabled`) → spec; the SkyPilot job and rollout groups render their tasks from it.
+
+The ports are the seed's (SkyPilot's llm/verl-jobgroup: data 8000, reward 8001, retrieval 8002; llm/rlhf-jobgroup:
+replay 8003). They are distinct because a local rehearsal resolves every task's host name to 127.0.0.1."""
 
 DEFAULT_TOKEN_ENV = "VERL_GRPO_SERVICES_TOKEN"
 

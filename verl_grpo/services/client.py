@@ -4,11 +4,17 @@ A client finds its service from the environment the job group exports: the URL i
 and the token in `VERL_GRPO_SERVICES_TOKEN` (or the file named by `VERL_GRPO_SERVICES_TOKEN_FILE`).
 Connection failures, timeouts, 429 and 5xx are retried with exponential backoff and end in InfraError;
 401/403 are ConfigError (wrong token); other 4xx are DataError carrying the server's message.
+
+A service with replicas (services.retrieval.replicas) has one URL per replica in its variable, comma-separated:
+SkyPilot's job-group DNS names every node (`<task>-<i>.<group>`) and has no name spread over a task's nodes, so the
+client spreads: requests go to the replicas in turn from a random one, and a retry goes to the next replica.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 from typing import Any, NoReturn
 
 import httpx
@@ -25,7 +31,8 @@ DEFAULT_BACKOFF_S = 0.5
 
 
 def service_url(name: str, env: dict[str, str] | None = None) -> str:
-    """The URL of service `name` (data, reward, retrieval, replay) from its `VERL_GRPO_<TASK>_URL`."""
+    """The URL of service `name` (data, reward, retrieval, replay) from its `VERL_GRPO_<TASK>_URL` (several,
+    comma-separated, for a service with replicas; the clients spread over them)."""
     spec = SERVICES.get(name)
     if spec is None:
         raise ConfigError(f"unknown service {name!r}; known: {', '.join(SERVICES)}")
@@ -33,7 +40,15 @@ def service_url(name: str, env: dict[str, str] | None = None) -> str:
     if not url:
         raise ConfigError(f"{spec.url_env} is not set; enable the {spec.task} (services.enabled: [{name}]) "
                           "or export its URL")
-    return url.rstrip("/")
+    return ",".join(replica_urls(url))
+
+
+def replica_urls(url: str) -> list[str]:
+    """The replicas' URLs in a service URL value: one URL, or several separated by commas."""
+    urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ConfigError(f"service URL {url!r} names no URL; give http://HOST:PORT (comma-separated for replicas)")
+    return urls
 
 
 def _worth_retrying(exc: BaseException) -> bool:
@@ -59,11 +74,17 @@ def _raise_for(response: httpx.Response, what: str) -> None:
 class _Base:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  retries: int = DEFAULT_RETRIES, backoff_s: float = DEFAULT_BACKOFF_S):
-        self.base_url = base_url.rstrip("/")
+        self.urls = replica_urls(base_url)
+        self.base_url = ",".join(self.urls)
+        self._turn = itertools.count(random.randrange(len(self.urls)))
         self.token = token if token is not None else load_token()
         self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
         self.retries = retries
         self.backoff_s = backoff_s
+
+    def _target(self, path: str) -> str:
+        """The URL of `path` on the replica whose turn it is (each attempt, retries included, takes the next)."""
+        return f"{self.urls[next(self._turn) % len(self.urls)]}{path}"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -87,14 +108,14 @@ class ServiceClient(_Base):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=self.headers)
+        self._http = httpx.Client(timeout=self.timeout, headers=self.headers)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         what = f"{method} {self.base_url}{path}"
         return self._policy(what).call(self._attempt, what, method, path, **kwargs)
 
     def _attempt(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
+        response = self._http.request(method, self._target(path), **kwargs)
         _raise_for(response, what)
         return response.json()
 
@@ -122,14 +143,14 @@ class AsyncServiceClient(_Base):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self.headers)
+        self._http = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         what = f"{method} {self.base_url}{path}"
         return await self._policy(what).acall(self._attempt, what, method, path, **kwargs)
 
     async def _attempt(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
-        response = await self._http.request(method, path, **kwargs)
+        response = await self._http.request(method, self._target(path), **kwargs)
         _raise_for(response, what)
         return response.json()
 
