@@ -114,4 +114,5 @@ def test_neural_reward_model_behind_the_same_api(tiny_reward_model):
         assert all(isinstance(s, float) for s in scores) and len(set(scores)) == 3
         again = c.post("/batch_reward", json={"items": items[:1]}, headers=AUTH).json()["rewards"][0]["reward"]
         assert again == pytest.approx(scores[0], abs=1e-5)  # padding in a batch does not change a score
-        assert c.get("/health").json()["info"]["num_labels"] == 1
+        info = c.get("/health").json()["info"]
+        assert info["num_labels"] == 1 and info["device"] == "cpu"

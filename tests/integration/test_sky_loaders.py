@@ -26,6 +26,9 @@ out = {}
 for name, extra in {
     "multinode": [], "job_group": ["skypilot.shape=job_group", "infra.nodes=2", "services.enabled=[reward,retrieval]"],
     "rollout_group": ["skypilot.shape=rollout_group", "verl.rollout_engine=sglang"],
+    "service_resources": ["skypilot.shape=job_group", "services.enabled=[reward,retrieval]",
+                          "services.retrieval.replicas=2", "services.reward.reward_model=/models/rm",
+                          "services.reward.accelerators=A10:1"],
     "bad_accelerator": ["infra.accelerators=H10:8"], "bad_strategy": ["skypilot.recovery_strategy=BOGUS"],
     "spot_on_lambda": ["infra.spot=true", "skypilot.cloud=lambda"], "bad_key": ["skypilot.cloud=lambda",
     "verl.extra_overrides=[trainer.savefreq=3]"],
@@ -64,11 +67,27 @@ def test_cost_is_catalog_price_times_nodes_times_hours(results):
     two_nodes = results["job_group"]["costs"][0]
     assert two_nodes["instance_type"] == "gpu_8x_h100_sxm5" and two_nodes["nodes"] == 2
     # 20 steps x 120 s = 2/3 h of the trainer (Lambda's gpu_8x_h100_sxm5: $31.92/h) and of the two services
-    # (cpu_4x_general: $0.20/h), plus the eval task's 20 min on gpu_1x_h100_pcie ($3.29/h).
+    # (reward-server 4+ vCPUs / 8+ GiB: cpu_4x_general, $0.20/h; retrieval-server 16+ vCPUs / 64+ GiB as the seed's:
+    # Lambda sells no such CPU box, SkyPilot's default instance type is gpu_1x_a10, $1.29/h), plus the eval task's
+    # 20 min on gpu_1x_h100_pcie ($3.29/h).
     hours = 20 * 120 / 3600
-    assert two_nodes["on_demand"] == pytest.approx(31.92 * 2 * hours + 2 * 0.20 * hours + 3.29 * 20 / 60)
+    assert two_nodes["on_demand"] == pytest.approx(31.92 * 2 * hours + (0.20 + 1.29) * hours + 3.29 * 20 / 60)
     assert two_nodes["spot"] is None
-    assert "reward-server: 1 x cpus 4+" in results["job_group"]["text"]
+    assert "reward-server: 1 x cpus 4+, memory 8+" in results["job_group"]["text"]
+    assert "retrieval-server: 1 x cpus 16+, memory 64+" in results["job_group"]["text"]
+
+
+def test_service_resources_pass_skypilots_loaders(results):
+    """Two retrieval replicas (num_nodes: 2) and a reward-server with a GPU for its neural reward model load as a
+    job group, and the estimate counts them."""
+    r = results["service_resources"]
+    assert r["ok"], r.get("error")
+    assert "SkyPilot loads the job_group YAML (3 tasks)" in r["checks"]
+    assert "retrieval-server: 2 x cpus 16+, memory 64+" in r["text"]
+    assert "reward-server: 1 x A10:1 (cpus 4+, memory 8+)" in r["text"]
+    # trainer 1 x $31.92, reward-server on gpu_1x_a10 ($1.29), 2 retrieval replicas on gpu_1x_a10, eval
+    hours = 20 * 120 / 3600
+    assert r["costs"][0]["on_demand"] == pytest.approx((31.92 + 3 * 1.29) * hours + 3.29 * 20 / 60)
 
 
 def test_bad_accelerator_fails_with_catalog_candidates(results):

@@ -45,7 +45,15 @@ for name, extra in {
     "on_demand": [], "spot": ["infra.spot=true"],
     "lambda": ["skypilot.cloud=lambda"], "region": ["skypilot.cloud=runpod", "skypilot.region=CA"],
     "job_group": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=job_group", "infra.nodes=2",
-                  "services.enabled=[reward,retrieval]", "infra.spot=true"],
+                  "services.enabled=[reward,retrieval]", "infra.spot=true", "services.retrieval.replicas=2",
+                  "services.retrieval.cpus=4", "services.retrieval.memory=8"],
+    "neural_reward": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=job_group",
+                      "services.enabled=[reward]", "services.reward.reward_model=/models/rm",
+                      "services.reward.accelerators=H100:1"],
+    "no_l4": ["skypilot.cloud=runpod", "skypilot.shape=job_group", "services.enabled=[reward]",
+              "services.reward.reward_model=/models/rm"],
+    "big_retrieval": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=job_group",
+                      "services.enabled=[retrieval]"],
     "rollout_group": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=rollout_group",
                       "skypilot.rollout_servers=2", "infra.spot=true"],
     "spot_on_lambda": ["skypilot.cloud=lambda", "infra.spot=true"],
@@ -151,10 +159,34 @@ def test_job_group_services_are_priced_from_cpu_rows(results):
     r = results["job_group"]
     names = [t["name"] for t in r["tasks"]]
     assert names == ["verl-trainer", "reward-server", "retrieval-server", "eval"]
+    assert [(t["nodes"], t["cpus"], t["memory"]) for t in r["tasks"][1:3]] == [(1, "4+", "8+"), (2, "4", "8")]
+    assert "retrieval-server: 2 x cpus 4, memory 8 x 1.00 h" in r["text"]
     row = r["rows"][0]
-    assert row["on_demand"] == pytest.approx(2 * HOURS * 24 + 2 * HOURS * 0.12 + EVAL_HOURS * 3)
-    training_rate = 2 * 16 + 2 * 0.06  # trainer nodes and services wait through a recovery, billed
+    # reward-server 1 node, retrieval-server 2 replicas, each on the 4 vCPU / 8 GiB row
+    assert row["on_demand"] == pytest.approx(2 * HOURS * 24 + 3 * HOURS * 0.12 + EVAL_HOURS * 3)
+    training_rate = 2 * 16 + 3 * 0.06  # trainer nodes and services wait through a recovery, billed
     assert row["spot"] == pytest.approx(HOURS * training_rate + EVAL_HOURS * 2 + OVERHEAD_HOURS * training_rate)
+
+
+def test_a_neural_reward_model_puts_the_reward_server_on_its_gpu(results):
+    r = results["neural_reward"]
+    reward = next(t for t in r["tasks"] if t["name"] == "reward-server")
+    assert reward["accelerators"] == "H100:1" and reward["cpus"] == "4+" and reward["memory"] == "8+"
+    assert r["rows"][0]["on_demand"] == pytest.approx(HOURS * 24 + HOURS * 3 + EVAL_HOURS * 3)
+
+
+def test_a_reward_gpu_the_catalog_lacks_names_the_fields(results):
+    r = results["no_l4"]  # the default L4:1 is not sold in the test RunPod catalog
+    assert not r["ok"] and "reward-server task's L4:1 (cpus 4+, memory 8+) is not offered" in r["error"]
+    assert "services.reward.cpus / services.reward.memory / services.reward.accelerators" in r["error"]
+
+
+def test_the_seeds_retrieval_node_is_priced_by_its_cpus_and_memory(results):
+    """The retrieval-server's default node (16+ vCPUs, 64+ GiB, as the seed's) is not the 4 vCPU / 8 GiB row: the
+    catalog's smallest instance type with both is the 16 vCPU / 125 GiB one ($3/h in US)."""
+    r = results["big_retrieval"]
+    assert "retrieval-server: 1 x cpus 16+, memory 64+ x 1.00 h" in r["text"]
+    assert r["rows"][0]["on_demand"] == pytest.approx(HOURS * 24 + HOURS * 3 + EVAL_HOURS * 3)
 
 
 def test_rollout_group_router_and_replay_buffer_stay_on_demand(results):

@@ -154,6 +154,39 @@ def test_job_group_runs_only_enabled_services_with_their_settings():
     assert "multi_turn" not in tasks[-1]["run"] and tasks[-1]["envs"]["USE_RETRIEVAL"] == "false"
 
 
+def test_job_group_services_get_their_resources_from_config():
+    tasks = {t["name"]: t for t in _docs("job_group", {}, "services.data.cpus=2", "services.data.memory=4+",
+                                         "services.retrieval.replicas=2", "services.retrieval.cpus=8+")}
+    assert tasks["data-server"]["resources"]["cpus"] == "2" and tasks["data-server"]["resources"]["memory"] == "4+"
+    assert tasks["reward-server"]["resources"]["memory"] == "8+"
+    assert "accelerators" not in tasks["reward-server"]["resources"]  # rule-based scorers: no GPU
+    retrieval = tasks["retrieval-server"]
+    assert retrieval["num_nodes"] == 2 and retrieval["resources"]["cpus"] == "8+"
+    assert retrieval["resources"]["memory"] == "64+"
+    assert "num_nodes" not in tasks["data-server"] and "num_nodes" not in tasks["reward-server"]
+    # every replica serves on its own node; the trainer gets every replica's URL, comma-separated
+    assert '--host "$NODE_IP" --port 8002' in retrieval["run"]
+    assert ('export VERL_GRPO_RETRIEVAL_SERVER_URL="http://retrieval-server-0.${SKYPILOT_JOBGROUP_NAME}:8002,'
+            'http://retrieval-server-1.${SKYPILOT_JOBGROUP_NAME}:8002"') in tasks["verl-trainer"]["run"]
+
+
+def test_a_neural_reward_model_gets_the_reward_server_a_gpu():
+    reward = _docs("job_group", {}, "services.enabled=[reward]", "services.reward.reward_model=/m/rm")[0]
+    assert reward["resources"]["accelerators"] == "L4:1" and "--reward-model /m/rm" in reward["run"]
+    reward = _docs("job_group", {}, "services.enabled=[reward]", "services.reward.reward_model=/m/rm",
+                   "services.reward.accelerators=A10G:1")[0]
+    assert reward["resources"]["accelerators"] == "A10G:1"
+
+
+def test_another_token_env_is_named_to_the_clients_and_servers():
+    tasks = _docs("job_group", {"MY_SVC_TOKEN": "tok-xyz"}, "services.enabled=[reward]",
+                  "services.token_env=MY_SVC_TOKEN")
+    assert all(t["secrets"] == {"MY_SVC_TOKEN": None} for t in tasks)
+    assert "--token-env MY_SVC_TOKEN" in tasks[0]["run"]
+    assert tasks[-1]["envs"]["VERL_GRPO_SERVICES_TOKEN_ENV"] == "MY_SVC_TOKEN"
+    assert "VERL_GRPO_SERVICES_TOKEN_ENV" not in _docs("job_group", {})[-1]["envs"]  # the default name needs none
+
+
 def test_job_group_without_services_runs_the_reward_server_and_the_config_says_so():
     cfg = _cfg("job_group", "services.enabled=[]")
     assert cfg.services.enabled == ["reward"]  # recorded in the run's resolved config

@@ -404,17 +404,36 @@ class AsyncTrainingConfig(_Section):
 
 ServiceName = Literal["data", "reward", "retrieval", "replay"]
 
+_SKY_AMOUNT = re.compile(r"^\d+(\.\d+)?\+?$")
 
-class DataServerConfig(_Section):
+
+class _ServiceSection(_Section):
+    """A service's settings; `cpus` and `memory` are the resources of its job-group task (SkyPilot's spelling:
+    `4` exactly, `4+` at least), declared by each service with the seed's values as defaults."""
+
+    @field_validator("cpus", "memory", mode="before", check_fields=False)
+    @classmethod
+    def _sky_amount(cls, value: Any, info: ValidationInfo) -> str:
+        if isinstance(value, bool) or not _SKY_AMOUNT.match(str(value).strip()):
+            unit = "vCPUs" if info.field_name == "cpus" else "GiB"
+            raise ValueError(f"{value!r} is no amount of {unit}; give a number, exactly (`8`) or at least (`8+`)")
+        return str(value).strip()
+
+
+class DataServerConfig(_ServiceSection):
     """Settings of the data-server (prompt batches from the prepared parquet)."""
 
     seed: int = 0
     """Seed of the per-epoch shuffle (epoch e is ordered by a permutation seeded with (seed, e))."""
     max_batch: int = Field(1024, ge=1)
     """Largest `size` a GET /batch may ask for."""
+    cpus: str = "4+"
+    """vCPUs of the data-server's node on a SkyPilot job group (the seed's: 4)."""
+    memory: str = "16+"
+    """Memory in GiB of the data-server's node on a SkyPilot job group (the seed's: 16+)."""
 
 
-class RewardServerConfig(_Section):
+class RewardServerConfig(_ServiceSection):
     """Settings of the reward-server (rule-based scorers, or a neural reward model behind the same API)."""
 
     reward_model: str | None = None
@@ -423,9 +442,28 @@ class RewardServerConfig(_Section):
     """Largest number of items in one POST /batch_reward."""
     model_batch_size: int = Field(16, ge=1)
     """Responses per forward pass of the neural reward model."""
+    cpus: str = "4+"
+    """vCPUs of the reward-server's node on a SkyPilot job group (the seed's: 4; MBPP programs run on them)."""
+    memory: str = "8+"
+    """Memory in GiB of the reward-server's node on a SkyPilot job group (the seed's: 8+)."""
+    accelerators: str = "L4:1"
+    """GPU of the reward-server's node when `reward_model` is set (the seed's neural reward model runs on an L4:1);
+    the rule-based scorers get no GPU."""
+
+    @field_validator("accelerators")
+    @classmethod
+    def _one_gpu_type(cls, value: str) -> str:
+        name, sep, count = value.partition(":")
+        try:
+            ok = bool(re.fullmatch(r"[A-Za-z][\w-]*", name)) and (not sep or float(count) > 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{value!r} is no accelerator spec; give NAME:COUNT as SkyPilot spells it, e.g. L4:1")
+        return value
 
 
-class RetrievalServerConfig(_Section):
+class RetrievalServerConfig(_ServiceSection):
     """Settings of the retrieval-server (FAISS over MiniLM embeddings of a passage corpus)."""
 
     index: str = "squad-dev"
@@ -440,9 +478,16 @@ class RetrievalServerConfig(_Section):
     """Largest top_k a request may ask for."""
     max_queries: int = Field(256, ge=1)
     """Largest number of queries in one POST /retrieve."""
+    replicas: int = Field(1, ge=1)
+    """retrieval-server replicas on a SkyPilot job group: the task's `num_nodes`, one server per node (the seed
+    scales retrieval with `num_nodes: 2`); the trainer gets every replica's URL and its clients spread over them."""
+    cpus: str = "16+"
+    """vCPUs of each retrieval-server node on a SkyPilot job group (the seed's: 16+; query embedding runs on them)."""
+    memory: str = "64+"
+    """Memory in GiB of each retrieval-server node on a SkyPilot job group (the seed's: 64+)."""
 
 
-class ReplayBufferConfig(_Section):
+class ReplayBufferConfig(_ServiceSection):
     """Settings of the replay buffer (priority sampling by reward, bounded, persisted to the store)."""
 
     capacity: int = Field(10000, ge=1)
@@ -451,6 +496,10 @@ class ReplayBufferConfig(_Section):
     """Priority exponent: an item is sampled with probability ∝ (reward - min reward + eps)^alpha (0 = uniform)."""
     compact_every: int = Field(64, ge=1)
     """Fold the add-log into one snapshot every this many adds (bounds restart time)."""
+    cpus: str = "4+"
+    """vCPUs of the replay buffer's node on a SkyPilot job group (the seed's: 4)."""
+    memory: str = "16+"
+    """Memory in GiB of the replay buffer's node on a SkyPilot job group (the seed's: 16+)."""
 
 
 class ServicesConfig(_Section):
@@ -572,7 +621,10 @@ class RunConfig(_Section):
         return {key: value for key, value in self.flat().items() if not key.startswith(unused)}
 
 
-_NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"}}
+_SERVICE_RESOURCES = {"cpus", "memory", "accelerators", "replicas"}
+"""The job-group resources of a service (ServicesConfig sub-sections): where it runs, not what it answers."""
+_NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"},
+                     "services": {name: _SERVICE_RESOURCES for name in get_args(ServiceName)}}
 
 def _when_chosen(plugin: str) -> Callable[[RunConfig], bool]:
     """A section named after a provider or trainer backend is read only by runs that choose that plugin."""

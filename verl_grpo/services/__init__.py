@@ -9,6 +9,8 @@ the URL in `VERL_GRPO_<TASK>_URL` (SkyPilot: `http://<task>-0.${SKYPILOT_JOBGROU
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -41,6 +43,20 @@ The ports are the seed's (SkyPilot's llm/verl-jobgroup: data 8000, reward 8001, 
 replay 8003). They are distinct because a local rehearsal resolves every task's host name to 127.0.0.1."""
 
 DEFAULT_TOKEN_ENV = "VERL_GRPO_SERVICES_TOKEN"
+TOKEN_ENV_NAME_ENV = "VERL_GRPO_SERVICES_TOKEN_ENV"
+"""Names the env var the clients read the token from when services.token_env is not the default (the servers get
+it as `--token-env`)."""
+
+
+def client_token_env(env: Mapping[str, str] | None = None) -> str:
+    """The env var the services' clients read the bearer token from: `$VERL_GRPO_SERVICES_TOKEN_ENV`, else
+    VERL_GRPO_SERVICES_TOKEN."""
+    return (env if env is not None else os.environ).get(TOKEN_ENV_NAME_ENV) or DEFAULT_TOKEN_ENV
+
+
+def token_env_exports(token_env: str) -> dict[str, str]:
+    """The env that points clients at services.token_env: {} for the default name."""
+    return {} if token_env == DEFAULT_TOKEN_ENV else {TOKEN_ENV_NAME_ENV: token_env}
 
 
 def token_file_env(token_env: str) -> str:
@@ -48,4 +64,5 @@ def token_file_env(token_env: str) -> str:
     return f"{token_env}_FILE"
 
 
-__all__ = ["DEFAULT_TOKEN_ENV", "SERVICES", "ServiceSpec", "token_file_env"]
+__all__ = ["DEFAULT_TOKEN_ENV", "SERVICES", "TOKEN_ENV_NAME_ENV", "ServiceSpec", "client_token_env",
+           "token_env_exports", "token_file_env"]

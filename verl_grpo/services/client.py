@@ -1,7 +1,8 @@
 """HTTP clients of the services, with timeouts and retries (sync for TRL/tools, async for verl's reward loop).
 
 A client finds its service from the environment the job group exports: the URL in `VERL_GRPO_<TASK>_URL`
-and the token in `VERL_GRPO_SERVICES_TOKEN` (or the file named by `VERL_GRPO_SERVICES_TOKEN_FILE`).
+and the token in `VERL_GRPO_SERVICES_TOKEN` (or the file named by `VERL_GRPO_SERVICES_TOKEN_FILE`), or in the
+variable `VERL_GRPO_SERVICES_TOKEN_ENV` names when services.token_env is another.
 Connection failures, timeouts, 429 and 5xx are retried with exponential backoff and end in InfraError;
 401/403 are ConfigError (wrong token); other 4xx are DataError carrying the server's message.
 
@@ -21,7 +22,7 @@ import httpx
 
 from verl_grpo.errors import ConfigError, DataError, InfraError
 from verl_grpo.retry import Backoff, last_error
-from verl_grpo.services import DEFAULT_TOKEN_ENV, SERVICES
+from verl_grpo.services import SERVICES, client_token_env
 from verl_grpo.services.http import load_token
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -64,7 +65,8 @@ def _raise_for(response: httpx.Response, what: str) -> None:
     except (ValueError, KeyError, TypeError):
         message = response.text[:300]
     if response.status_code in (401, 403):
-        raise ConfigError(f"{what}: {message}; set {DEFAULT_TOKEN_ENV} (or {DEFAULT_TOKEN_ENV}_FILE) to the "
+        name = client_token_env()
+        raise ConfigError(f"{what}: {message}; set {name} (or {name}_FILE) to the "
                           "services' token")
     if response.status_code in RETRY_STATUS:
         raise InfraError(f"{what}: HTTP {response.status_code}: {message}")
@@ -77,7 +79,7 @@ class _Base:
         self.urls = replica_urls(base_url)
         self.base_url = ",".join(self.urls)
         self._turn = itertools.count(random.randrange(len(self.urls)))
-        self.token = token if token is not None else load_token()
+        self.token = token if token is not None else load_token(client_token_env())
         self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
         self.retries = retries
         self.backoff_s = backoff_s

@@ -29,7 +29,7 @@ from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.privacy import quiet_env
 from verl_grpo.procs import pid_alive, runs_command, stop_process_groups
 from verl_grpo.retry import Backoff
-from verl_grpo.services import SERVICES, token_file_env
+from verl_grpo.services import SERVICES, token_env_exports, token_file_env
 from verl_grpo.services.commands import service_settings_args
 from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
 
@@ -85,7 +85,8 @@ def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, datas
     env.pop(cfg.services.token_env, None)
     if cfg.storage.endpoint_url:
         env[STORE_ENDPOINT_ENV] = cfg.storage.endpoint_url
-    group = ServiceGroup(endpoints={}, env={token_file_env(cfg.services.token_env): str(token_file)}, pids={},
+    group = ServiceGroup(endpoints={}, env={token_file_env(cfg.services.token_env): str(token_file),
+                                            **token_env_exports(cfg.services.token_env)}, pids={},
                          commands={}, logs={}, termination_delay_s=cfg.services.termination_delay_s,
                          token_file=str(token_file))
     try:

@@ -2,6 +2,8 @@
 
 One output label: the score is its logit. Several labels: the score is the probability of the last
 label (the usual "good"/"chosen" class). The prompt is `extra_info["prompt"]` (a string) when given.
+It runs on the node's GPU when there is one (the job group gives the reward-server services.reward.accelerators
+when a reward model is set), else on the CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class SequenceClassifierReward:
             raise ConfigError(f"services.reward.reward_model {path} is not a Hugging Face model directory "
                               "(no config.json); point it at a saved sequence-classification model")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(self.device)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
         if self.model.config.pad_token_id is None:
@@ -51,7 +54,7 @@ class SequenceClassifierReward:
         else:
             enc = self.tokenizer(list(responses), **kwargs)
         with self._lock, torch.inference_mode():
-            logits = self.model(**enc).logits.float()
+            logits = self.model(**enc.to(self.device)).logits.float().cpu()
         if self.num_labels == 1:
             scores = logits[:, 0]
         else:

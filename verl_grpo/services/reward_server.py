@@ -128,7 +128,8 @@ class ModelScorer:
         return self.model.score([item.solution_str for item in items], prompts)
 
     def info(self) -> dict[str, Any]:
-        return {"scorer": self.kind, "model": self.model.path, "num_labels": self.model.num_labels}
+        return {"scorer": self.kind, "model": self.model.path, "num_labels": self.model.num_labels,
+                "device": self.model.device}
 
 
 def _prompt_of(item: RewardItem) -> str | None:

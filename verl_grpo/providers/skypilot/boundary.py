@@ -111,19 +111,21 @@ def catalog_offers(
 
 
 def catalog_region_prices(accelerator: str | None, count: int, cpus: str | None, cloud: str | None,
-                          region: str | None, clouds_available: list[str]) -> list[RegionPrice]:
-    """Every (cloud, region, instance type) of the local catalogs carrying `count` × `accelerator`, or, with no
-    accelerator, SkyPilot's default instance type for `cpus` (e.g. "4+") in each cloud; with on-demand and spot
-    $/hour per region. Only clouds whose catalog file is present locally are queried."""
+                          region: str | None, clouds_available: list[str], memory: str | None = None
+                          ) -> list[RegionPrice]:
+    """Every (cloud, region, instance type) of the local catalogs carrying `count` × `accelerator` (and at least
+    `cpus` / `memory` when given), or, with no accelerator, SkyPilot's default instance type for `cpus` (e.g. "4+")
+    and `memory` (e.g. "16+") in each cloud; with on-demand and spot $/hour per region. Only clouds whose catalog
+    file is present locally are queried."""
     from sky import catalog
 
     rows: list[RegionPrice] = []
     for name in [cloud] if cloud else clouds_available:
         if accelerator:
-            types, _ = catalog.get_instance_type_for_accelerator(accelerator, count, use_spot=False, region=region,
-                                                                 clouds=name)
+            types, _ = catalog.get_instance_type_for_accelerator(accelerator, count, cpus=cpus, memory=memory,
+                                                                 use_spot=False, region=region, clouds=name)
         else:
-            default = catalog.get_default_instance_type(cpus=cpus, region=region, clouds=name)
+            default = catalog.get_default_instance_type(cpus=cpus, memory=memory, region=region, clouds=name)
             types = [default] if default else []
         for itype in types or []:
             for r in catalog.get_region_zones_for_instance_type(itype, False, clouds=name):

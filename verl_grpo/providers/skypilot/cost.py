@@ -21,6 +21,7 @@ from verl_grpo.contracts import RunCost
 from verl_grpo.errors import ConfigError
 from verl_grpo.paths import data_mirror_dir
 from verl_grpo.providers.skypilot import templates
+from verl_grpo.services import SERVICES
 
 TABLE_ROWS = 5
 """Offers the dry run's cost table shows (cheapest first); the rest are counted as left off."""
@@ -36,15 +37,21 @@ class LaunchTask:
     accelerators: str | None
     """`NAME:COUNT` per node; None for a CPU-only task."""
     cpus: str | None
+    """vCPUs per node (`4+`); None leaves them to the accelerators' instance type."""
     hours: float
     spot: bool
     """Runs on spot when infra.spot (the YAML's use_spot follows it); False for tasks SkyPilot runs on demand."""
     training: bool = True
     """Runs while the trainer trains (and waits through its recoveries); False for the eval task."""
+    memory: str | None = None
+    """GiB of memory per node (`16+`); None leaves it to the instance type."""
 
     @property
     def resources(self) -> str:
-        return self.accelerators or f"cpus {self.cpus}"
+        extra = ", ".join(f"{k} {v}" for k, v in (("cpus", self.cpus), ("memory", self.memory)) if v)
+        if self.accelerators:
+            return f"{self.accelerators} ({extra})" if extra else self.accelerators
+        return extra
 
 
 @dataclass(frozen=True)
@@ -110,8 +117,10 @@ def launch_tasks(cfg: RunConfig) -> list[LaunchTask]:
     _accelerator_count(cfg.infra.accelerators, "infra.accelerators")
     tasks = [LaunchTask(templates.TRAINER_TASK, cfg.infra.nodes, cfg.infra.accelerators, None, hours, True)]
     if sp.shape == "job_group":
-        tasks += [LaunchTask(s.task, 1, None, templates.SERVICE_CPUS, hours, True)
-                  for s in templates.job_group_services(cfg)]
+        for s in templates.job_group_services(cfg):
+            res = templates.service_resources(s.name, cfg)
+            tasks.append(LaunchTask(s.task, res["num_nodes"], res["accelerators"], res["cpus"], hours, True,
+                                    memory=res["memory"]))
     elif sp.shape == "rollout_group":
         accelerators = sp.service_accelerators or cfg.infra.accelerators
         _accelerator_count(accelerators, "skypilot.service_accelerators")
@@ -161,7 +170,8 @@ def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> CostEstimate:
                           "skypilot.cloud")
     for t in tasks[1:]:
         if not prices[t.name]:
-            where = "skypilot.eval_accelerators" if t.name == EVAL_TASK else "skypilot.service_accelerators"
+            where = ("skypilot.eval_accelerators" if t.name == EVAL_TASK else _service_fields(t.name)
+                     or "skypilot.service_accelerators")
             raise ConfigError(f"the {t.name} task's {t.resources} is not offered in the SkyPilot catalog of "
                               f"{cfg.skypilot.cloud or ', '.join(clouds)}; set {where}")
     overhead_h, note = preemption_overhead_hours(cfg)
@@ -199,11 +209,23 @@ def _nearest(prices: Sequence, cloud: str, region: str):
     return min(same_region or same_cloud or prices, key=lambda p: p.price)
 
 
+def _service_fields(task: str) -> str | None:
+    """The config fields of a job-group service task's resources, for a message."""
+    name = next((s.name for s in SERVICES.values() if s.task == task), None)
+    if name is None:
+        return None
+    gpu = f" / services.{name}.accelerators" if name == "reward" else ""
+    return f"services.{name}.cpus / services.{name}.memory{gpu}"
+
+
 def _prices(task: LaunchTask, cfg: RunConfig, boundary: ModuleType, clouds: list[str]) -> list:
+    memory = {"memory": task.memory} if task.memory else {}
     if task.accelerators:
         name, count = _accelerator_count(task.accelerators, "infra.accelerators")
-        return boundary.catalog_region_prices(name, count, None, cfg.skypilot.cloud, cfg.skypilot.region, clouds)
-    return boundary.catalog_region_prices(None, 0, task.cpus, cfg.skypilot.cloud, cfg.skypilot.region, clouds)
+        return boundary.catalog_region_prices(name, count, task.cpus, cfg.skypilot.cloud, cfg.skypilot.region,
+                                              clouds, **memory)
+    return boundary.catalog_region_prices(None, 0, task.cpus, cfg.skypilot.cloud, cfg.skypilot.region, clouds,
+                                          **memory)
 
 
 def _accelerator_count(spec: str | None, field_name: str) -> tuple[str, int]:

@@ -31,7 +31,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
 from verl_grpo.privacy import quiet_env
 from verl_grpo.providers.skypilot.knobs import knob_task
-from verl_grpo.services import SERVICES, ServiceSpec
+from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
 from verl_grpo.trainers.verl.backend import (
@@ -193,13 +193,8 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
         return RenderedTask(ctx["name"], shape, _render("verl-multinode.yaml.j2", ctx))
     if shape == "job_group":
         services = job_group_services(cfg)
-        ctx["services"] = [
-            {"name": s.task, "cpus": SERVICE_CPUS, "port": s.port,
-             "command": _bound(["python", "-m", s.module, "serve"], ["--port", str(s.port),
-                                                                      *service_args(s.name, cfg, spec)])}
-            for s in services
-        ]
-        ctx["exports"] = [_export_url(s.task, s.port, s.url_env) for s in services]
+        ctx["services"] = [service_task(s, cfg, spec) for s in services]
+        ctx["exports"] = [service_export(s, cfg) for s in services]
         return RenderedTask(ctx["name"], shape, _render("job-group.yaml.j2", ctx))
     return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", _rollout_context(cfg, spec, ctx)))
 
@@ -264,6 +259,32 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
     return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))
 
 
+def service_resources(name: str, cfg: RunConfig) -> dict:
+    """{num_nodes, cpus, memory, accelerators} of service `name`'s job-group task from services.<name>: the
+    retrieval-server on services.retrieval.replicas nodes, the reward-server on a GPU (services.reward.accelerators)
+    only when it serves a neural reward model."""
+    settings = getattr(cfg.services, name)
+    gpu = settings.accelerators if name == "reward" and settings.reward_model else None
+    return {"num_nodes": settings.replicas if name == "retrieval" else 1, "cpus": settings.cpus,
+            "memory": settings.memory, "accelerators": gpu}
+
+
+def service_task(svc: ServiceSpec, cfg: RunConfig, spec: TrainSpec) -> dict:
+    """The template context of one service task: name, port, resources and its `serve` command (bound to the
+    node's IP, so each replica of a multi-node service serves on its own node)."""
+    command = _bound(["python", "-m", svc.module, "serve"], ["--port", str(svc.port),
+                                                             *service_args(svc.name, cfg, spec)])
+    return {"name": svc.task, "port": svc.port, "command": command, **service_resources(svc.name, cfg)}
+
+
+def service_export(svc: ServiceSpec, cfg: RunConfig) -> str:
+    """The trainer's `export VERL_GRPO_<TASK>_URL=...` line: every replica's URL, comma-separated (job-group DNS
+    names each node `<task>-<i>.<group>` and none spreads over a task's nodes; the clients spread instead)."""
+    replicas = service_resources(svc.name, cfg)["num_nodes"]
+    urls = ",".join(f"http://{svc.task}-{i}.${{SKYPILOT_JOBGROUP_NAME}}:{svc.port}" for i in range(replicas))
+    return f'export {svc.url_env}="{urls}"'
+
+
 def service_args(name: str, cfg: RunConfig, spec: TrainSpec) -> list[str]:
     """The settings of service `name` (services.*) as `serve` arguments: the data-server serves exactly the
     dataset version being trained, the retrieval-server builds a missing index from the corpus in the store
@@ -288,6 +309,8 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     envs = {**quiet_env(env), **{k: v for k, v in spec.env.items() if k not in mounted}}
     envs["VERL_GRPO_RUN_ID"] = spec.run_id
     envs[VENV_ENV] = REMOTE_VENV
+    if runs_services(cfg):
+        envs.update(token_env_exports(cfg.services.token_env))
     if cfg.storage.endpoint_url:
         envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
     mounts = {}
