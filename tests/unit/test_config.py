@@ -135,3 +135,27 @@ def test_the_local_profile_warm_starts_and_verl_refuses_it_in_one_line():
     assert "warm_start.enabled=false" in message and "'dataset'" not in message  # no config dump
     assert not load_config(["gsm8k", "local"], ["trainer.backend=verl", "warm_start.enabled=false"],
                            env={}).warm_start.enabled
+
+
+def test_service_resources_default_to_the_seeds_and_are_validated():
+    s = load_config(["gsm8k"], env={}).services
+    assert (s.data.cpus, s.data.memory, s.reward.cpus, s.reward.memory) == ("4+", "16+", "4+", "8+")
+    assert (s.retrieval.cpus, s.retrieval.memory, s.retrieval.replicas) == ("16+", "64+", 1)
+    assert (s.replay.cpus, s.replay.memory, s.reward.accelerators) == ("4+", "16+", "L4:1")
+    cfg = load_config(["gsm8k"], ["services.retrieval.cpus=8", "services.retrieval.memory=32+",
+                                  "services.retrieval.replicas=2"], env={})
+    assert (cfg.services.retrieval.cpus, cfg.services.retrieval.memory) == ("8", "32+")
+    with pytest.raises(ConfigError, match=r"services.retrieval.cpus.*'lots' is no amount of vCPUs"):
+        load_config(["gsm8k"], ["services.retrieval.cpus=lots"], env={})
+    with pytest.raises(ConfigError, match=r"services.reward.accelerators.*NAME:COUNT"):
+        load_config(["gsm8k"], ["services.reward.accelerators=L4:none"], env={})
+    with pytest.raises(ConfigError, match="services.retrieval.replicas"):
+        load_config(["gsm8k"], ["services.retrieval.replicas=0"], env={})
+
+
+def test_where_a_service_runs_does_not_change_the_run():
+    a = load_config(["gsm8k"], env={})
+    b = load_config(["gsm8k"], ["services.retrieval.replicas=3", "services.reward.cpus=8+",
+                                "services.data.memory=32+", "services.reward.accelerators=A10G:1"], env={})
+    assert a.digest() == b.digest()
+    assert load_config(["gsm8k"], ["services.reward.max_items=8"], env={}).digest() != a.digest()

@@ -133,6 +133,25 @@ def test_token_precedence_env_then_file(tmp_path, monkeypatch):
         load_token()
 
 
+def test_clients_read_the_token_from_the_variable_services_token_env_names(tmp_path, monkeypatch):
+    from verl_grpo.services.client import ServiceClient
+
+    for var in ("VERL_GRPO_SERVICES_TOKEN", "VERL_GRPO_SERVICES_TOKEN_FILE", "VERL_GRPO_SERVICES_TOKEN_ENV"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MY_SVC_TOKEN", "mine")
+    with ServiceClient("http://127.0.0.1:9") as client:
+        assert client.token is None
+    monkeypatch.setenv("VERL_GRPO_SERVICES_TOKEN_ENV", "MY_SVC_TOKEN")  # what the job group / local group export
+    with ServiceClient("http://127.0.0.1:9") as client:
+        assert client.token == "mine"
+    monkeypatch.delenv("MY_SVC_TOKEN")
+    f = tmp_path / "tok"
+    f.write_text("from-file\n")
+    monkeypatch.setenv("MY_SVC_TOKEN_FILE", str(f))  # the local group's per-run token file
+    with ServiceClient("http://127.0.0.1:9") as client:
+        assert client.token == "from-file"
+
+
 def test_serving_without_a_token_needs_no_auth_on_loopback(monkeypatch):
     monkeypatch.delenv("VERL_GRPO_SERVICES_TOKEN", raising=False)
     monkeypatch.delenv("VERL_GRPO_SERVICES_TOKEN_FILE", raising=False)
