@@ -83,6 +83,9 @@ def test_service_resources_pass_skypilots_loaders(results):
     r = results["service_resources"]
     assert r["ok"], r.get("error")
     assert "SkyPilot loads the job_group YAML (3 tasks)" in r["checks"]
+    assert ("services token VERL_GRPO_SERVICES_TOKEN: generated per launch, given to all 3 tasks as a SkyPilot "
+            "secret; no secret's value is in the YAML") in r["checks"]
+    assert not any("services token" in c for c in results["multinode"]["checks"])
     assert "retrieval-server: 2 x cpus 16+, memory 64+" in r["text"]
     assert "reward-server: 1 x A10:1 (cpus 4+, memory 8+)" in r["text"]
     # trainer 1 x $31.92, reward-server on gpu_1x_a10 ($1.29), 2 retrieval replicas on gpu_1x_a10, eval

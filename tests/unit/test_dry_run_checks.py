@@ -136,3 +136,12 @@ def test_spot_stays_where_an_offer_sells_it_and_off_stays_off(tmp_path):
     assert cfg.infra.spot is True and warning is None
     cfg, warning = checks.with_spot_choice(_cfg("infra.spot=false"), sky)
     assert cfg.infra.spot is False and warning is None
+
+
+def test_a_secret_value_in_the_rendered_yaml_fails_the_dry_run():
+    from verl_grpo.providers.skypilot import dry_run, templates
+
+    cfg = _cfg("skypilot.shape=job_group", "services.enabled=[reward]")
+    leaky = templates.RenderedTask("verl-grpo-x", "job_group", "envs:\n  WANDB: wandb-value-123\n")
+    with pytest.raises(ConfigError, match="contains the value of WANDB_API_KEY"):
+        dry_run._check_launch_secrets(cfg, leaky, None, {"WANDB_API_KEY": "wandb-value-123"})

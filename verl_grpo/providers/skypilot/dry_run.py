@@ -34,7 +34,7 @@ from verl_grpo.providers.skypilot.checks import (
     with_spot_choice,
 )
 from verl_grpo.providers.skypilot.cost import CostEstimate, available_catalog_clouds, estimate_cost, seed_catalog_cache
-from verl_grpo.providers.skypilot.provider import SkyPilotProvider
+from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
@@ -156,7 +156,33 @@ def _render_training(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str
         loaded = boundary.load_job_group(rendered.yaml) if rendered.is_job_group else boundary.load_task(rendered.yaml)
     except Exception as e:
         raise ConfigError(f"SkyPilot rejected the rendered {rendered.shape} YAML: {e}") from e
-    return [*lines, f"SkyPilot loads the {rendered.shape} YAML ({_describe(loaded)})"]
+    return [*lines, f"SkyPilot loads the {rendered.shape} YAML ({_describe(loaded)})",
+            *_check_launch_secrets(cfg, rendered, boundary, env)]
+
+
+def _check_launch_secrets(cfg: RunConfig, rendered: templates.RenderedTask, boundary: ModuleType,
+                          env: Mapping[str, str]) -> list[str]:
+    """No secret value the launch passes (W&B, AWS, HF, the services' token) is in the YAML; with services, SkyPilot's
+    loader, given the secrets as the launch gives them (a fresh services token), hands the token to every task."""
+    values = templates.launch_secrets(cfg, env)
+    # Values under 8 characters are no real credential and would match YAML text by chance.
+    leaked = sorted(k for k, v in values.items() if len(v) >= 8 and v in rendered.yaml)
+    if leaked:
+        raise ConfigError(f"the rendered YAML contains the value of {', '.join(leaked)}; secrets go under `secrets:` "
+                          "by name only (fix infra/skypilot templates)")
+    name = cfg.services.token_env
+    if not templates.runs_services(cfg):
+        return []
+    declared = {k: values[k] for k in rendered_secret_names(rendered.yaml) if k in values}
+    loaded = boundary.load_job_group(rendered.yaml, declared) if rendered.is_job_group else \
+        boundary.load_task(rendered.yaml, declared)
+    tasks = getattr(loaded, "tasks", None) or [loaded]
+    missing = [t.name for t in tasks if name not in (t.secrets or {})]
+    if missing:
+        raise ConfigError(f"services.token_env {name} is no SkyPilot secret of {', '.join(missing)}; every task of "
+                          "a shape with services needs the token (fix infra/skypilot templates)")
+    return [f"services token {name}: generated per launch, given to all {len(tasks)} tasks as a SkyPilot secret; "
+            "no secret's value is in the YAML"]
 
 
 def _check_recovery_strategy(cfg: RunConfig, boundary: ModuleType) -> str:
