@@ -47,7 +47,7 @@ for name, extra in {
     "job_group": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=job_group", "infra.nodes=2",
                   "services.enabled=[reward,retrieval]", "infra.spot=true"],
     "rollout_group": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=rollout_group",
-                      "skypilot.rollout_servers=2", "infra.spot=true"],
+                      "skypilot.rollout_nodes=2", "infra.spot=true"],
     "spot_on_lambda": ["skypilot.cloud=lambda", "infra.spot=true"],
 }.items():
     try:
@@ -157,13 +157,12 @@ def test_job_group_services_are_priced_from_cpu_rows(results):
     assert row["spot"] == pytest.approx(HOURS * training_rate + EVAL_HOURS * 2 + OVERHEAD_HOURS * training_rate)
 
 
-def test_rollout_group_router_and_replay_buffer_stay_on_demand(results):
+def test_rollout_group_prices_trainer_and_rollout_nodes_as_one_cluster_and_its_services(results):
     r = results["rollout_group"]
-    assert [t["name"] for t in r["tasks"]] == ["verl-trainer", "rollout-0", "rollout-1", "router", "replay-buffer",
-                                                "eval"]
-    rate = 3 * 16 + 2 * 0.12  # trainer + 2 rollout servers on spot; router + replay buffer on demand
+    assert [t["name"] for t in r["tasks"]] == ["verl-trainer", "data-server", "reward-server", "replay-buffer", "eval"]
+    assert r["tasks"][0]["nodes"] == 3 and r["rows"][0]["nodes"] == 3  # 1 trainer node + 2 rollout nodes
+    rate = 3 * 16 + 3 * 0.06  # the Ray cluster's 3 GPU nodes and the 3 services, all on spot
     assert r["rows"][0]["spot"] == pytest.approx(HOURS * rate + EVAL_HOURS * 2 + OVERHEAD_HOURS * rate)
-    assert "(always on demand)" in r["text"]
 
 
 def test_spot_where_no_spot_is_sold_fails(results):
