@@ -349,9 +349,9 @@ def checkpoint_mount(cfg: RunConfig, spec: TrainSpec) -> dict[str, str] | None:
     if not source:
         return None
     if not source.startswith("s3://"):
-        raise ConfigError(f"infra.nodes={cfg.infra.nodes} keeps verl's checkpoints on a bucket every node mounts, "
-                          f"but storage.uri {cfg.storage.uri!r} is no bucket; set storage.uri=s3://bucket/prefix "
-                          "or infra.nodes=1")
+        raise ConfigError(f"a {cluster_nodes(cfg)}-node Ray cluster keeps verl's checkpoints on a bucket every node "
+                          f"mounts, but storage.uri {cfg.storage.uri!r} is no bucket; set "
+                          "storage.uri=s3://bucket/prefix or infra.nodes=1 (skypilot.shape=multinode)")
     if cfg.skypilot.cluster:
         raise ConfigError(f"infra.nodes={cfg.infra.nodes} with skypilot.cluster={cfg.skypilot.cluster!r}: `sky exec` "
                           "on an existing cluster mounts no bucket, and verl's nodes need the shared checkpoint mount; "
