@@ -128,3 +128,17 @@ def test_entry_task_runner_creates_the_committing_trainer(monkeypatch):
     runner._create_trainer(None)
     assert seen[0].__ray_actor_class__ is entry.StoreCommittingTrainer
     assert verl_main.FullyAsyncTrainer.__ray_actor_class__ is not entry.StoreCommittingTrainer  # restored after
+
+
+def test_the_entry_composes_verls_config_through_hydras_own_command_line():
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "verl_grpo.trainers.verl.fully_async_entry", "--cfg", "job",
+                           "--package", "async_training", "async_training.staleness_threshold=0.3"],
+                          env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "staleness_threshold: 0.3" in done.stdout and "trigger_parameter_sync_step: 4" in done.stdout
