@@ -63,3 +63,20 @@ def test_every_failing_check_is_reported_at_once(tmp_path, monkeypatch):
             "infra.accelerators 'H10:1' is not offered"]
     assert len(problems) == len(keys) and all(key in line for key, line in zip(keys, problems)), problems
     assert FAKE_SECRET not in result.stderr and "'short'" not in result.stderr
+
+
+def test_rollout_group_renders_and_validates_verls_fully_async_entry_offline(tmp_path):
+    done = _launch(tmp_path, "-o", "skypilot.shape=rollout_group", "-o", "storage.uri=s3://bucket/prefix",
+                   AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "python -m verl_grpo.trainers.verl.fully_async_entry " in out and "verl.trainer.main_ppo" not in out
+    assert "verl Hydra compose of fully_async_ppo_trainer with all overrides" in out
+    assert "verl fully-async asserts" in out and "pkg://verl_grpo.services.reward_client:compute_score loads" in out
+    assert "SkyPilot loads the rollout_group YAML (4 tasks)" in out
+    assert "rollout.nnodes=1 rollout.n_gpus_per_node=1" in out and "num_nodes: 2" in out  # 1 trainer + 1 rollout
+    for task in ("data-server", "reward-server", "replay-buffer"):
+        assert f"name: {task}\n" in out
+    assert "router" not in out and "VERL_GRPO_ROLLOUT_URL" not in out and "vllm serve" not in out
+    assert "training state on the trainer GPUs" in out  # rollout replicas are not colocated with training
+    assert "verl-trainer: 2 x H100:1" in out

@@ -55,7 +55,8 @@ for name, extra in {
     "big_retrieval": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=job_group",
                       "services.enabled=[retrieval]"],
     "rollout_group": ["skypilot.cloud=runpod", "skypilot.region=US", "skypilot.shape=rollout_group",
-                      "skypilot.rollout_servers=2", "infra.spot=true"],
+                      "skypilot.rollout_nodes=2", "infra.spot=true",
+                      "services.data.memory=8", "services.replay.memory=8"],
     "spot_on_lambda": ["skypilot.cloud=lambda", "infra.spot=true"],
 }.items():
     try:
@@ -189,13 +190,12 @@ def test_the_seeds_retrieval_node_is_priced_by_its_cpus_and_memory(results):
     assert r["rows"][0]["on_demand"] == pytest.approx(HOURS * 24 + HOURS * 3 + EVAL_HOURS * 3)
 
 
-def test_rollout_group_router_and_replay_buffer_stay_on_demand(results):
+def test_rollout_group_prices_trainer_and_rollout_nodes_as_one_cluster_and_its_services(results):
     r = results["rollout_group"]
-    assert [t["name"] for t in r["tasks"]] == ["verl-trainer", "rollout-0", "rollout-1", "router", "replay-buffer",
-                                                "eval"]
-    rate = 3 * 16 + 2 * 0.12  # trainer + 2 rollout servers on spot; router + replay buffer on demand
+    assert [t["name"] for t in r["tasks"]] == ["verl-trainer", "data-server", "reward-server", "replay-buffer", "eval"]
+    assert r["tasks"][0]["nodes"] == 3 and r["rows"][0]["nodes"] == 3  # 1 trainer node + 2 rollout nodes
+    rate = 3 * 16 + 3 * 0.06  # the Ray cluster's 3 GPU nodes and the 3 services (on the 4 vCPU / 8 GiB row), all on spot
     assert r["rows"][0]["spot"] == pytest.approx(HOURS * rate + EVAL_HOURS * 2 + OVERHEAD_HOURS * rate)
-    assert "(always on demand)" in r["text"]
 
 
 def test_spot_where_no_spot_is_sold_fails(results):

@@ -15,7 +15,8 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
-from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
+from verl_grpo.trainers.verl.fully_async import ENTRY_MODULE, fully_async_overrides
+from verl_grpo.trainers.verl.overrides import VerlPaths, cluster_nodes, run_paths, verl_overrides
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
@@ -36,8 +37,13 @@ def _cfg(shape: str, *extra: str):
 def _render(shape: str, env: dict[str, str], *extra: str) -> templates.RenderedTask:
     cfg = _cfg(shape, *extra)
     files = {"train": f"{MOUNT}/train.parquet", "val": f"{MOUNT}/val.parquet"}
-    ov = verl_overrides(cfg, files, VerlPaths("/tmp/verl-grpo/checkpoints/run-1"), "run-1", env=env)
-    spec = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", "verl.trainer.main_ppo", *ov],
+    paths = VerlPaths("/tmp/verl-grpo/checkpoints/run-1")
+    if shape == "rollout_group":  # as VerlTrainer.plan composes it: rewards through the reward-server's client
+        paths = run_paths(cfg, paths.checkpoint_dir)
+        module, ov = ENTRY_MODULE, fully_async_overrides(cfg, files, paths, "run-1", env=env)
+    else:
+        module, ov = "verl.trainer.main_ppo", verl_overrides(cfg, files, paths, "run-1", env=env)
+    spec = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", module, *ov],
                      overrides=ov, total_steps=20,
                      env={DATASET_URI_ENV: "s3://bucket/store/datasets/gsm8k/abc123", DATASET_MOUNT_ENV: MOUNT,
                           "MLFLOW_TRACKING_URI": "sqlite:////tmp/verl-grpo/mlflow.db",
@@ -67,7 +73,7 @@ def test_secrets_by_name_only_and_trainer_is_primary(shape):
         assert not set(task["envs"]) & {"WANDB_API_KEY", "HF_TOKEN"}
     trainer = tasks[-1]
     assert trainer["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
-    assert trainer["resources"]["use_spot"] is True and trainer["num_nodes"] == 2
+    assert trainer["resources"]["use_spot"] is True and trainer["num_nodes"] == cluster_nodes(_cfg(shape))
     assert trainer["file_mounts"] == {MOUNT: "s3://bucket/store/datasets/gsm8k/abc123",
                                       "/tmp/verl-grpo/checkpoints/run-1": {"source": CKPT_MOUNT,
                                                                            "mode": "MOUNT_CACHED"}}

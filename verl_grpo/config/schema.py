@@ -340,8 +340,9 @@ class SkyPilotConfig(_Section):
     """Settings only the `skypilot` provider reads."""
 
     shape: Literal["multinode", "job_group", "rollout_group"] = "multinode"
-    """`multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) or `rollout_group`
-    (rollout servers + router + replay buffer + trainer)."""
+    """`multinode` (one verl main_ppo task), `job_group` (verl main_ppo + data/reward/retrieval servers) or
+    `rollout_group` (verl's fully-async trainer, with standalone rollout replicas on skypilot.rollout_nodes, + the
+    data/reward/retrieval servers and the replay buffer)."""
     cloud: str | None = None
     """SkyPilot cloud (e.g. `lambda`, `aws`); None lets SkyPilot choose among enabled clouds."""
     region: str | None = None
@@ -352,10 +353,10 @@ class SkyPilotConfig(_Section):
     """Restarts of a managed job whose user code failed (preemptions are recovered regardless)."""
     termination_delay: str = "60s"
     """How long auxiliary job-group tasks outlive the primary trainer (e.g. `60s`, `5m`)."""
-    service_accelerators: str | None = None
-    """Accelerators of each rollout server in the rollout group; None uses infra.accelerators."""
-    rollout_servers: int = Field(1, ge=1)
-    """Rollout servers behind the router (rollout_group shape)."""
+    rollout_nodes: int = Field(1, ge=1)
+    """rollout_group shape: nodes of standalone rollout replicas (verl's fully-async `rollout.nnodes`), each with
+    infra.accelerators' GPUs, in the same Ray cluster as the infra.nodes trainer nodes. verl's load balancer spreads
+    generation over verl.rollout_tp-GPU replicas on them; the trainer pushes weights to all of them over NCCL."""
     step_seconds: float = Field(120.0, gt=0)
     """Your estimate of seconds per training step, used only for the dry-run cost estimate."""
     eval_minutes: float = Field(20.0, gt=0)
@@ -574,6 +575,15 @@ class RunConfig(_Section):
         reward function then calls (the job group's reason to exist); the resolved config records it."""
         if self.infra.provider == "skypilot" and self.skypilot.shape == "job_group" and not self.services.enabled:
             self.services.enabled = ["reward"]
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_group_services(self) -> RunConfig:
+        """The rollout group runs verl's fully-async trainer beside the data-server (the dataset version it trains
+        on), the reward-server (its reward function) and the replay buffer when no service is named; the resolved
+        config records it."""
+        if self.infra.provider == "skypilot" and self.skypilot.shape == "rollout_group" and not self.services.enabled:
+            self.services.enabled = ["data", "reward", "replay"]
         return self
 
     @model_validator(mode="after")

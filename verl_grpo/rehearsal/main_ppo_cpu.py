@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 WANDB_INVALID_CHARS = "/\\#?%:"
@@ -83,9 +84,13 @@ def rehearsal_line(config: Any, loggers: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    overrides = list(sys.argv[1:] if argv is None else argv)
+    return run(list(sys.argv[1:] if argv is None else argv), load_config, rehearsal_line)
+
+
+def run(overrides: list[str], load: Callable[[list[str]], Any], describe: Callable[[Any, list[str]], str]) -> int:
+    """Check and compose the overrides with `load`, print `describe`'s line, train with the stand-in trainer."""
     try:
-        config = load_config(overrides)
+        config = load(overrides)
         loggers = list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [
             config.trainer.logger]
         if "wandb" in loggers:
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             if problem:
                 raise RehearsalError(f"wandb.errors.UsageError: {problem} (trainer.project_name: verl passes it "
                                      "to wandb.init(project=...), so the real run fails here)")
-        print(rehearsal_line(config, loggers), flush=True)
+        print(describe(config, loggers), flush=True)
         from verl_grpo.rehearsal.standin_trainer import StandinTrainer
 
         trainer = StandinTrainer(config, [x for x in loggers if x != "wandb"])

@@ -1,6 +1,7 @@
 """Commands on a rehearsal node's PATH that stand in for what needs GPUs or the network: python, pip and uv.
 
-Stood in: `python -m verl.trainer.main_ppo` (exec'd as the CPU stand-in module), `pip install` / `uv pip install`
+Stood in: `python -m verl.trainer.main_ppo` and the rollout group's `python -m verl_grpo.trainers.verl.fully_async_entry`
+(exec'd as their CPU stand-in modules), `pip install` / `uv pip install`
 (each requirement is checked offline against the real interpreter's installed packages instead of installed;
 GPU-only packages are reported and pass) and `uv venv` (a marker venv whose activate keeps the shims first).
 Runs for real: every other python invocation (exec'd as the real interpreter, silently). Each stand-in prints
@@ -24,6 +25,9 @@ from packaging.utils import canonicalize_name
 from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
+FULLY_ASYNC_ENTRY = "verl_grpo.trainers.verl.fully_async_entry"
+"""The rollout_group shape's trainer entry (verl's fully_async_main with the checkpoint seam)."""
+FULLY_ASYNC_STANDIN = "verl_grpo.rehearsal.fully_async_cpu"
 GPU_ONLY = frozenset(canonicalize_name(n) for n in (
     "vllm", "sglang", "sgl-kernel", "flash-attn", "flash_attn", "flashinfer", "flashinfer-python", "xformers"))
 """Packages that only build/run with CUDA: missing here is expected, the rehearsal stands in for them."""
@@ -76,6 +80,10 @@ def _python(args: list[str], real_python: str) -> int:
         module = os.environ.get(ENV_MAIN_PPO) or DEFAULT_MAIN_PPO
         _say(f"python -m {VERL_MAIN_PPO} runs as -m {module} (CPU stand-in for verl's GPU trainer)")
         os.execv(real_python, [real_python, *flags, "-m", module, *rest[2:]])
+    if rest[:2] == ["-m", FULLY_ASYNC_ENTRY]:
+        _say(f"python -m {FULLY_ASYNC_ENTRY} runs as -m {FULLY_ASYNC_STANDIN} (CPU stand-in for verl's fully-async "
+             "GPU trainer)")
+        os.execv(real_python, [real_python, *flags, "-m", FULLY_ASYNC_STANDIN, *rest[2:]])
     if rest[:2] == ["-m", "pip"]:
         return _pip(rest[2:])
     os.execv(real_python, [real_python, *args])

@@ -2,10 +2,11 @@
 
 Prices come from SkyPilot's catalog (the local copy `seed_catalog_cache` fills), per cloud and region. The
 estimate covers the whole launch: the verl trainer (nodes × accelerators × algorithm.total_steps ×
-skypilot.step_seconds), the job group's services or the rollout group's servers (for as long as the trainer
-runs) and the held-out eval task (skypilot.eval_minutes). On spot it adds the expected preemption overhead:
-training hours × skypilot.spot_preemptions_per_hour preemptions, each losing half a save interval
-(algorithm.save_freq × step_seconds / 2) plus skypilot.recovery_minutes, during which the training tasks are billed.
+skypilot.step_seconds; on the rollout group its Ray cluster has skypilot.rollout_nodes more nodes), the groups'
+services (for as long as the trainer runs) and the held-out eval task (skypilot.eval_minutes). On spot it adds the
+expected preemption overhead: training hours × skypilot.spot_preemptions_per_hour preemptions, each losing half a save
+interval (algorithm.save_freq × step_seconds / 2) plus skypilot.recovery_minutes, during which the training tasks are
+billed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.paths import data_mirror_dir
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.services import SERVICES
+from verl_grpo.trainers.verl.overrides import cluster_nodes
 
 TABLE_ROWS = 5
 """Offers the dry run's cost table shows (cheapest first); the rest are counted as left off."""
@@ -115,19 +117,13 @@ def launch_tasks(cfg: RunConfig) -> list[LaunchTask]:
     """Every task of the launch with its resources, as the templates render them (infra/skypilot/*.j2)."""
     sp, hours = cfg.skypilot, training_hours(cfg)
     _accelerator_count(cfg.infra.accelerators, "infra.accelerators")
-    tasks = [LaunchTask(templates.TRAINER_TASK, cfg.infra.nodes, cfg.infra.accelerators, None, hours, True)]
-    if sp.shape == "job_group":
+    # rollout_group: the trainer task is one Ray cluster of trainer + standalone rollout nodes, all on these GPUs.
+    tasks = [LaunchTask(templates.TRAINER_TASK, cluster_nodes(cfg), cfg.infra.accelerators, None, hours, True)]
+    if sp.shape in ("job_group", "rollout_group"):
         for s in templates.job_group_services(cfg):
             res = templates.service_resources(s.name, cfg)
             tasks.append(LaunchTask(s.task, res["num_nodes"], res["accelerators"], res["cpus"], hours, True,
                                     memory=res["memory"]))
-    elif sp.shape == "rollout_group":
-        accelerators = sp.service_accelerators or cfg.infra.accelerators
-        _accelerator_count(accelerators, "skypilot.service_accelerators")
-        tasks += [LaunchTask(f"rollout-{i}", 1, accelerators, None, hours, True) for i in range(sp.rollout_servers)]
-        # The router and the replay buffer set no use_spot: SkyPilot runs them on demand.
-        tasks += [LaunchTask(name, 1, None, templates.SERVICE_CPUS, hours, False)
-                  for name in (templates.ROUTER_TASK, templates.REPLAY_BUFFER.task)]
     accelerators, _ = templates.eval_accelerators(cfg)
     tasks.append(LaunchTask(EVAL_TASK, 1, accelerators, None, sp.eval_minutes / 60, True, training=False))
     return tasks
@@ -170,10 +166,10 @@ def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> CostEstimate:
                           "skypilot.cloud")
     for t in tasks[1:]:
         if not prices[t.name]:
-            where = ("skypilot.eval_accelerators" if t.name == EVAL_TASK else _service_fields(t.name)
-                     or "skypilot.service_accelerators")
+            fields = "skypilot.eval_accelerators" if t.name == EVAL_TASK else _service_fields(t.name)
+            fix = f"set {fields}" if fields else "choose a skypilot.cloud/region that sells CPU instances"
             raise ConfigError(f"the {t.name} task's {t.resources} is not offered in the SkyPilot catalog of "
-                              f"{cfg.skypilot.cloud or ', '.join(clouds)}; set {where}")
+                              f"{cfg.skypilot.cloud or ', '.join(clouds)}; {fix}")
     overhead_h, note = preemption_overhead_hours(cfg)
     lines = [_line(cfg, tasks, prices, p, overhead_h) for p in prices[trainer.name]]
     if cfg.infra.spot:
@@ -198,7 +194,7 @@ def _line(cfg: RunConfig, tasks: list[LaunchTask], prices: dict, row, overhead_h
         spot += t.nodes * t.hours * rate
         spot_rate += t.nodes * rate if t.training else 0.0
     overhead = overhead_h * spot_rate if spot is not None else 0.0
-    return CostLine(cloud=row.cloud, region=row.region, instance_type=row.instance_type, nodes=cfg.infra.nodes,
+    return CostLine(cloud=row.cloud, region=row.region, instance_type=row.instance_type, nodes=cluster_nodes(cfg),
                     hours=training_hours(cfg), on_demand=on_demand,
                     spot=None if spot is None else spot + overhead, spot_overhead=overhead)
 

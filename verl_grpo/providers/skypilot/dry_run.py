@@ -38,7 +38,7 @@ from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_sec
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
-from verl_grpo.trainers.verl.overrides import cluster_model_path, gpus_per_node
+from verl_grpo.trainers.verl.overrides import cluster_model_path, gpus_per_node, uses_fully_async
 
 DRY_RUN_ID = "dry-run"
 GPU_MEMORY_GIB = {"H100": 80, "H100-MEGA": 80, "H200": 141, "B200": 180, "GH200": 96, "A100": 40, "A100-80GB": 80,
@@ -246,10 +246,12 @@ def check_gpu_memory(cfg: RunConfig) -> str:
     train = params * per_param / gpus / gib
     util = cfg.verl.gpu_memory_utilization
     rollout = util * total
-    if train + rollout > total:
+    # verl's fully-async trainer keeps the rollout replicas off the trainer GPUs (skypilot.rollout_nodes).
+    colocated = 0.0 if uses_fully_async(cfg) else rollout
+    if train + colocated > total:
         raise ConfigError(
             f"GPU memory: {model} ({params / 1e9:.2f}B params) needs >= {train:.1f} GiB of training state per GPU "
-            f"({per_param} B/param over {gpus} GPUs) + {rollout:.1f} GiB rollout share (verl.gpu_memory_utilization="
+            f"({per_param} B/param over {gpus} GPUs) + {colocated:.1f} GiB rollout share (verl.gpu_memory_utilization="
             f"{util}) > {total} GiB of {gpu}; raise infra.nodes or the GPU count of infra.accelerators, lower "
             f"verl.gpu_memory_utilization, or set verl.lora_rank")
     weights = params * FROZEN_BYTES_PER_PARAM / cfg.verl.rollout_tp / gib
@@ -258,6 +260,9 @@ def check_gpu_memory(cfg: RunConfig) -> str:
             f"GPU memory: the rollout engine's {weights:.1f} GiB of {model} weights per GPU do not fit in its "
             f"{rollout:.1f} GiB share (verl.gpu_memory_utilization={util} of {total} GiB {gpu}); raise "
             f"verl.rollout_tp or verl.gpu_memory_utilization")
+    if not colocated:
+        return (f"GPU memory fits (lower bound): {train:.1f} GiB training state on the trainer GPUs, {weights:.1f} "
+                f"GiB weights in the {rollout:.1f} GiB rollout share of the rollout GPUs, of {total} GiB per {gpu}")
     return (f"GPU memory fits (lower bound): {train:.1f} GiB training state + {rollout:.1f} GiB rollout share of "
             f"{total} GiB per {gpu}")
 

@@ -8,7 +8,7 @@ Pure: no `sky` import. The loader (`verl_grpo.config.loader`) gives the same kno
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from verl_grpo.config import ENV_KNOBS, RunConfig
@@ -58,10 +58,17 @@ class KnobTask:
     """The shell expression of the train batch (for the finalize entry)."""
 
 
-def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool) -> KnobTask:
+def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
+              derived: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None,
+              literal: Sequence[str] = ()) -> KnobTask:
     """`command` (python -m verl.trainer.main_ppo OVERRIDES...) with each knob-driven override reading its env var,
-    in place; TOTAL_EPOCHS (when given) and the retrieval overrides go just before the user's extra_overrides."""
-    envs: dict[str, str] = {"DATASET": cfg.dataset.name}
+    in place; TOTAL_EPOCHS (when given) and the retrieval overrides go just before the user's extra_overrides.
+
+    `derived` maps override keys to shell arithmetic over the knobs (`TOTAL_STEPS * TRAIN_BATCH_SIZE`), rendered as
+    `key="$((…))"`; `defaults` seeds knob defaults that no override carries as a plain value; `literal` keys are
+    rendered as they are (verl's fully-async trainer: data.train_batch_size=0, see `fully_async.knob_expressions`)."""
+    derived = derived or {}
+    envs: dict[str, str] = {"DATASET": cfg.dataset.name, **(defaults or {})}
     extras = len(cfg.verl.extra_overrides)
     head, tail = list(command[:len(command) - extras]), list(command[len(command) - extras:])
     args: list[str] = []
@@ -69,6 +76,12 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool)
         key, sep, value = arg.partition("=")
         if sep and key in RETRIEVAL_KEYS:
             continue  # $RETRIEVAL_OVERRIDES below
+        if sep and key in derived:
+            args.append(f'{key}="$(({derived[key]}))"')
+            continue
+        if sep and key in literal:
+            args.append(shlex.quote(arg))
+            continue
         var = KNOB_OF_OVERRIDE.get(key) if sep else None
         if key == f"{ACTOR}.ppo_mini_batch_size" and cfg.verl.ppo_mini_batch_size is None:
             var = "TRAIN_BATCH_SIZE"  # one update per step: the mini batch follows the train batch

@@ -1,13 +1,14 @@
 """Render SkyPilot task YAML from the templates under infra/skypilot/ (pure: no `sky` import, no I/O but reading them).
 
-Three training shapes: `multinode` (one verl task), `job_group` (verl trainer + data/reward/retrieval servers) and
-`rollout_group` (rollout servers + router + replay buffer + trainer); and the held-out eval task (vLLM on GPUs,
-`render_eval`). Secrets are listed by name under `secrets:` only; their values are passed at launch and never rendered
+Three training shapes: `multinode` (one verl main_ppo task), `job_group` (main_ppo + data/reward/retrieval servers)
+and `rollout_group` (verl's fully-async trainer over trainer + standalone rollout nodes in one Ray cluster, + the
+services); and the held-out eval task (vLLM on GPUs, `render_eval`). Secrets are listed by name under `secrets:`
+only; their values are passed at launch and never rendered
 (`launch_secrets` gives the provider every value the YAML names, the services' bearer token included). The seeds'
 env knobs are `envs` with this run's values, and the run script builds main_ppo's overrides from them (`knobs`).
 
 Every task installs into one uv venv (`$VERL_GRPO_VENV`, Python per pyproject.toml's requires-python) and runs in it.
-Services, rollout servers and Ray bind the node's own IP (`$NODE_IP`, this node's line of `$SKYPILOT_NODE_IPS`):
+Services and Ray bind the node's own IP (`$NODE_IP`, this node's line of `$SKYPILOT_NODE_IPS`):
 job-group peers reach a task at `<task>-0.<group>`, which SkyPilot resolves to that IP.
 """
 
@@ -41,6 +42,13 @@ from verl_grpo.trainers.verl.backend import (
     finalize_command,
     restore_command,
 )
+from verl_grpo.trainers.verl.fully_async import (
+    LITERAL_KNOB_KEYS,
+    knob_defaults,
+    knob_expressions,
+    prompts_per_checkpoint_step,
+)
+from verl_grpo.trainers.verl.overrides import cluster_nodes, uses_fully_async
 from verl_grpo.trainers.verl.settings import (
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_MOUNT,
@@ -66,13 +74,8 @@ NODE_IP_LINE = 'NODE_IP=$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_R
 
 JOB_GROUP_SERVICES: tuple[ServiceSpec, ...] = tuple(SERVICES[name] for name in ("data", "reward", "retrieval"))
 """The job_group shape's default auxiliary tasks; what a run renders is `job_group_services(cfg)`."""
-REPLAY_BUFFER = SERVICES["replay"]
-"""The rollout_group shape's replay-buffer task."""
-ROLLOUT_PORTS = {"sglang": 30000, "vllm": 8000}
-ROUTER_PORT = 8080
 SERVICE_CPUS = "4+"
-"""vCPUs of each CPU-only task (job-group services, the rollout group's router and replay buffer)."""
-ROUTER_TASK = "router"
+"""vCPUs of each CPU-only task (the job and rollout groups' services)."""
 EVAL_MODULE = "verl_grpo.evaluate.vllm_runner"
 """Entry of the eval task: `python -m EVAL_MODULE SPEC_URI`."""
 VLLM_VERSION = "0.24.0"
@@ -145,10 +148,11 @@ def launch_secrets(cfg: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def job_group_services(cfg: RunConfig) -> tuple[ServiceSpec, ...]:
-    """The services the job_group shape runs: exactly services.enabled (verl reads its data from the parquet
-    files, so the data-server too only when enabled). ConfigError when none is enabled."""
+    """The services the job_group and rollout_group shapes run: exactly services.enabled (verl reads its data from
+    the parquet files, so the data-server too only when enabled). ConfigError when none is enabled."""
     if not cfg.services.enabled:
-        raise ConfigError("skypilot.shape=job_group runs the services in services.enabled, which is empty; set "
+        raise ConfigError(f"skypilot.shape={cfg.skypilot.shape} runs the services in services.enabled, which is "
+                          "empty; set "
                           "e.g. services.enabled=[reward,retrieval] (of data, reward, retrieval, replay) or use "
                           "skypilot.shape=multinode")
     return tuple(spec for name, spec in SERVICES.items() if name in cfg.services.enabled)
@@ -191,12 +195,13 @@ def render(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str
     shape = cfg.skypilot.shape
     if shape == "multinode":
         return RenderedTask(ctx["name"], shape, _render("verl-multinode.yaml.j2", ctx))
+    services = job_group_services(cfg)
+    ctx["services"] = [service_task(s, cfg, spec) for s in services]
+    ctx["exports"] = [service_export(s, cfg) for s in services]
     if shape == "job_group":
-        services = job_group_services(cfg)
-        ctx["services"] = [service_task(s, cfg, spec) for s in services]
-        ctx["exports"] = [service_export(s, cfg) for s in services]
         return RenderedTask(ctx["name"], shape, _render("job-group.yaml.j2", ctx))
-    return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", _rollout_context(cfg, spec, ctx)))
+    ctx["trainer_nodes"], ctx["rollout_nodes"] = cfg.infra.nodes, cfg.skypilot.rollout_nodes
+    return RenderedTask(ctx["name"], shape, _render("rollout-group.yaml.j2", ctx))
 
 
 def eval_job_name(run_id: str) -> str:
@@ -320,13 +325,18 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
             uri = spec.env[uri_env]
             mounts[spec.env[mount_env]] = str(local_path(uri)) if uri.startswith("file://") else uri
     engine = cfg.verl.rollout_engine
-    knobs = knob_task(cfg, spec.command, retrieval_available="retrieval" in cfg.services.enabled)
+    fully_async = uses_fully_async(cfg)
+    knobs = knob_task(cfg, spec.command, retrieval_available="retrieval" in cfg.services.enabled,
+                      derived=knob_expressions(cfg) if fully_async else None,
+                      defaults=knob_defaults(cfg) if fully_async else None,
+                      literal=LITERAL_KNOB_KEYS if fully_async else ())
     finalize = finalize_command(cfg)
     at = finalize.index("--train-batch-size") + 1
+    step_prompts = prompts_per_checkpoint_step(cfg) if fully_async else knobs.train_batch
     return {
         "name": job_name(spec.run_id),
         "checkpoint_mount": checkpoint_mount(cfg, spec),
-        "num_nodes": cfg.infra.nodes,
+        "num_nodes": cluster_nodes(cfg),
         "accelerators": cfg.infra.accelerators,
         "use_spot": cfg.infra.spot,
         "infra": "/".join(p for p in (sp.cloud, sp.region) if p) if sp.cloud else None,
@@ -346,7 +356,7 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "knob_prelude": knobs.prelude,
         "train_command": knobs.train_command,
         "restore_command": shlex.join(restore_command(spec.env)),
-        "finalize_command": " ".join([shlex.join(finalize[:at]), knobs.train_batch, *map(shlex.quote, finalize[at + 1:])]),
+        "finalize_command": " ".join([shlex.join(finalize[:at]), step_prompts, *map(shlex.quote, finalize[at + 1:])]),
         "trainer_task": TRAINER_TASK,
         "ray_port": RAY_PORT,
         "dashboard_port": RAY_DASHBOARD_PORT,
@@ -362,61 +372,14 @@ def checkpoint_mount(cfg: RunConfig, spec: TrainSpec) -> dict[str, str] | None:
     if not source:
         return None
     if not source.startswith("s3://"):
-        raise ConfigError(f"infra.nodes={cfg.infra.nodes} keeps verl's checkpoints on a bucket every node mounts, "
-                          f"but storage.uri {cfg.storage.uri!r} is no bucket; set storage.uri=s3://bucket/prefix "
-                          "or infra.nodes=1")
+        raise ConfigError(f"a {cluster_nodes(cfg)}-node Ray cluster keeps verl's checkpoints on a bucket every node "
+                          f"mounts, but storage.uri {cfg.storage.uri!r} is no bucket; set "
+                          "storage.uri=s3://bucket/prefix or infra.nodes=1 (skypilot.shape=multinode)")
     if cfg.skypilot.cluster:
         raise ConfigError(f"infra.nodes={cfg.infra.nodes} with skypilot.cluster={cfg.skypilot.cluster!r}: `sky exec` "
                           "on an existing cluster mounts no bucket, and verl's nodes need the shared checkpoint mount; "
                           "drop skypilot.cluster (a managed job) or use infra.nodes=1")
     return {"path": spec.env[ENV_CHECKPOINT_DIR], "source": source}
-
-
-def _rollout_context(cfg: RunConfig, spec: TrainSpec, ctx: dict) -> dict:
-    engine = cfg.verl.rollout_engine
-    port = ROLLOUT_PORTS[engine]
-    model = _served_model(spec)
-    servers = []
-    for i in range(cfg.skypilot.rollout_servers):
-        if engine == "sglang":
-            cmd = _bound(["python", "-m", "sglang.launch_server", "--model-path", model],
-                         ["--port", str(port), "--tp", str(cfg.verl.rollout_tp)])
-        else:
-            cmd = _bound(["vllm", "serve", model], ["--port", str(port),
-                                                    "--tensor-parallel-size", str(cfg.verl.rollout_tp),
-                                                    "--gpu-memory-utilization", str(cfg.verl.gpu_memory_utilization)])
-        servers.append({"name": f"rollout-{i}", "command": cmd})
-    workers = " ".join(f"http://rollout-{i}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}" for i in range(len(servers)))
-    router = "python -m sglang_router.launch_router" if engine == "sglang" else "vllm-router"
-    ctx.update(
-        engine=engine,
-        rollout_servers=servers,
-        rollout_port=port,
-        service_accelerators=cfg.skypilot.service_accelerators or cfg.infra.accelerators,
-        router_port=ROUTER_PORT,
-        router_task=ROUTER_TASK,
-        service_cpus=SERVICE_CPUS,
-        router_command=f'{router} --host "$NODE_IP" --port {ROUTER_PORT} --worker-urls {workers}',
-        replay_port=REPLAY_BUFFER.port,
-        replay_command=_bound(["python", "-m", REPLAY_BUFFER.module, "serve"],
-                              ["--port", str(REPLAY_BUFFER.port),
-                               *service_settings_args(REPLAY_BUFFER.name, cfg, spec.run_id)]),
-        exports=[_export_url(ROUTER_TASK, ROUTER_PORT, "VERL_GRPO_ROLLOUT_URL"),
-                 _export_url(REPLAY_BUFFER.task, REPLAY_BUFFER.port, REPLAY_BUFFER.url_env)],
-    )
-    return ctx
-
-
-def _served_model(spec: TrainSpec) -> str:
-    for item in spec.overrides:
-        if item.startswith("actor_rollout_ref.model.path="):
-            return item.partition("=")[2]
-    raise ConfigError("the rollout group needs the policy model path; the train spec has no "
-                      "actor_rollout_ref.model.path override (use trainer.backend=verl)")
-
-
-def _export_url(task: str, port: int, var: str) -> str:
-    return f'export {var}="http://{task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"'
 
 
 def _render(template: str, ctx: dict) -> str:

@@ -20,7 +20,9 @@ from verl_grpo.models import resolve_model
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.verl import progress
-from verl_grpo.trainers.verl.overrides import run_paths, ships_with_run, verl_overrides
+from verl_grpo.trainers.verl.fully_async import (ENTRY_MODULE, fully_async_overrides, planned_checkpoint_steps,
+                                                 validate_fully_async_overrides)
+from verl_grpo.trainers.verl.overrides import cluster_nodes, run_paths, ships_with_run, uses_fully_async, verl_overrides
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.validation import VerlValidation, validate_verl_overrides
 
@@ -50,9 +52,18 @@ class VerlTrainer:
         """Compose the overrides against verl's own config and run its validation, with placeholder data paths."""
         files = {split: f"/tmp/verl-grpo/data/{split}.parquet" for split in ("train", "val")}
         paths = replace(run_paths(cfg, "/tmp/verl-grpo/checkpoints/check"), model_path="/tmp/verl-grpo/models/check")
-        overrides = verl_overrides(cfg, files, paths, "check")
-        validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
-        return f"verl main_ppo: {len(overrides)} overrides; " + "; ".join(validation.checks)
+        module, overrides, validation = self._composed(cfg, files, paths, "check")
+        return f"verl {module.rsplit('.', 1)[-1]}: {len(overrides)} overrides; " + "; ".join(validation.checks)
+
+    def _composed(self, cfg: RunConfig, data_files: Mapping[str, str], paths, run_id: str
+                  ) -> tuple[str, list[str], VerlValidation]:
+        """(entry module, overrides, offline validation): verl's fully-async trainer on the rollout_group shape,
+        main_ppo otherwise."""
+        if uses_fully_async(cfg):
+            overrides = fully_async_overrides(cfg, data_files, paths, run_id)
+            return ENTRY_MODULE, overrides, validate_fully_async_overrides(overrides, check_reward=self.check_reward)
+        overrides = verl_overrides(cfg, data_files, paths, run_id)
+        return MAIN_MODULE, overrides, validate_verl_overrides(overrides, check_reward=self.check_reward)
 
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
         """Render and validate the main_ppo command (verl reads the overrides, not a spec file); the only write is
@@ -61,8 +72,7 @@ class VerlTrainer:
         model_path, model_env = model_on_cluster(cfg, store, cluster, upload=self.ship_models)
         env.update(model_env)
         paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}"), model_path=model_path)
-        overrides = verl_overrides(cfg, data_files, paths, run_id)
-        self.last_validation = validate_verl_overrides(overrides, check_reward=self.check_reward)
+        module, overrides, self.last_validation = self._composed(cfg, data_files, paths, run_id)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
         quiet_wandb(env)  # verl's wandb logger runs in these processes
         env.update(checkpoint_env(cfg.storage.uri, cfg.storage.endpoint_url, run_id, paths.checkpoint_dir,
@@ -70,10 +80,10 @@ class VerlTrainer:
         return TrainSpec(
             backend=self.name,
             run_id=run_id,
-            command=["python", "-m", MAIN_MODULE, *overrides],
+            command=["python", "-m", module, *overrides],
             env=env,
             overrides=overrides,
-            total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
+            total_steps=planned_checkpoint_steps(cfg, dataset.counts.get("train")),
         )
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
@@ -140,7 +150,7 @@ def checkpoint_mount(cfg: RunConfig, store: Store, run_id: str, cluster: Cluster
     """The store URI mounted at trainer.default_local_dir on every node of a multi-node run (`runs/{run_id}/
     checkpoints`, where committed checkpoints live), else None. verl's ranks write their shards on their own nodes;
     through the mount they all land in one place, and the commit writes the manifest in place."""
-    if cfg.infra.nodes < 2 or cluster.on_this_machine:
+    if cluster_nodes(cfg) < 2 or cluster.on_this_machine:
         return None
     return store.url(checkpoints_dir(run_id))
 

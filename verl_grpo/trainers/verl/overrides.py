@@ -183,10 +183,21 @@ def _strategy_overrides(cfg: RunConfig) -> list[str]:
     return out
 
 
+def uses_fully_async(cfg: RunConfig) -> bool:
+    """Whether the run trains on verl's fully-async trainer (skypilot.shape=rollout_group), not main_ppo."""
+    return cfg.infra.provider == "skypilot" and cfg.skypilot.shape == "rollout_group"
+
+
+def cluster_nodes(cfg: RunConfig) -> int:
+    """Nodes of the run's Ray cluster: infra.nodes trainer nodes, plus skypilot.rollout_nodes standalone rollout
+    nodes on verl's fully-async trainer."""
+    return cfg.infra.nodes + (cfg.skypilot.rollout_nodes if uses_fully_async(cfg) else 0)
+
+
 def verl_keep(cfg: RunConfig) -> int:
     """trainer.max_actor_ckpt_to_keep: storage.keep_last; at least 2 on multi-node runs, where verl deletes old step
     dirs from the shared store mount itself, so the previous step stays until its background commit is done."""
-    return max(cfg.storage.keep_last, 2) if cfg.infra.nodes > 1 else cfg.storage.keep_last
+    return max(cfg.storage.keep_last, 2) if cluster_nodes(cfg) > 1 else cfg.storage.keep_last
 
 
 def run_paths(cfg: RunConfig, checkpoint_dir: str) -> VerlPaths:

@@ -34,8 +34,10 @@ def verl_config_dir() -> Path:
     return Path(verl.__file__).resolve().parent / "trainer" / "config"
 
 
-def compose_verl_config(overrides: Sequence[str]) -> Any:
-    """verl's own `ppo_trainer` config with these overrides, composed by Hydra; ConfigError on a bad key/value."""
+def compose_verl_config(overrides: Sequence[str], config_dir: str | Path | None = None,
+                        config_name: str = "ppo_trainer") -> Any:
+    """verl's own `config_name` config (main_ppo's `ppo_trainer` by default) with these overrides, composed by Hydra;
+    ConfigError on a bad key/value."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -43,8 +45,8 @@ def compose_verl_config(overrides: Sequence[str]) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
-                return compose("ppo_trainer", overrides=list(overrides))
+            with initialize_config_dir(config_dir=str(config_dir or verl_config_dir()), version_base=None):
+                return compose(config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"verl's Hydra config rejected the overrides: {e}\n"
                           "Fix the key in verl.extra_overrides (or the config field that produced it).") from e
@@ -55,7 +57,44 @@ def validate_verl_overrides(overrides: Sequence[str], check_reward: bool = True)
     result = VerlValidation(overrides=list(overrides))
     config = compose_verl_config(overrides)
     result.checks.append("verl Hydra compose of ppo_trainer with all overrides")
+    return _validate_composed(config, result, check_reward)
 
+
+def validate_fully_async(overrides: Sequence[str], config_dir: str, config_name: str,
+                         check_reward: bool = True) -> VerlValidation:
+    """The fully-async trainer's overrides composed with verl's own `config_name` (in `config_dir`), the settings its
+    entry copies (rollout.nnodes/n_gpus_per_node into actor_rollout_ref.rollout), the asserts its rollouter and trainer
+    make before placing a GPU, then main_ppo's checks on the batch one trainer step takes (verl's fully-async entry
+    runs no validate_config itself: its rollouter takes prompts one at a time, data.train_batch_size=0)."""
+    from omegaconf import OmegaConf
+
+    result = VerlValidation(overrides=list(overrides))
+    config = compose_verl_config(overrides, config_dir, config_name)
+    result.checks.append(f"verl Hydra compose of {config_name} with all overrides")
+    OmegaConf.update(config, "actor_rollout_ref.rollout.nnodes", config.rollout.nnodes)
+    OmegaConf.update(config, "actor_rollout_ref.rollout.n_gpus_per_node", config.rollout.n_gpus_per_node)
+    at, arr = config.async_training, config.actor_rollout_ref
+    problems = [why for ok, why in (
+        (config.data.train_batch_size == 0, "data.train_batch_size must be 0 (prompts go one at a time)"),
+        (config.data.gen_batch_size == 1, "data.gen_batch_size must be 1"),
+        (not arr.hybrid_engine, "actor_rollout_ref.hybrid_engine must be False (standalone rollout replicas)"),
+        (at.staleness_threshold >= 0, "async_training.staleness_threshold must be >= 0"),
+        (at.trigger_parameter_sync_step >= 1, "async_training.trigger_parameter_sync_step must be >= 1"),
+        (arr.rollout.calculate_log_probs, "actor_rollout_ref.rollout.calculate_log_probs must be True"),
+        (config.rollout.nnodes >= 1 and config.rollout.n_gpus_per_node >= 1, "rollout.nnodes/n_gpus_per_node >= 1"),
+        (config.rollout.n_gpus_per_node % arr.rollout.tensor_model_parallel_size == 0,
+         "rollout.n_gpus_per_node must be a multiple of actor_rollout_ref.rollout.tensor_model_parallel_size"),
+    ) if not ok]
+    if problems:
+        raise ConfigError("verl's fully-async trainer would reject the run settings: " + "; ".join(problems))
+    result.checks.append("verl fully-async asserts (one-prompt generation batches, standalone rollout replicas, "
+                         "staleness and sync period, rollout log-probs)")
+    step = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    OmegaConf.update(step, "data.train_batch_size", arr.actor.ppo_mini_batch_size * at.require_batches)
+    return _validate_composed(step, result, check_reward)
+
+
+def _validate_composed(config: Any, result: VerlValidation, check_reward: bool) -> VerlValidation:
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_fn
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
