@@ -1,4 +1,5 @@
-"""replay-buffer: `POST /add` experiences with rewards, `POST /sample` them with priority by reward.
+"""replay-buffer: `POST /add` experiences with rewards, `POST /sample` them with priority by reward, `POST /retire`
+items a trainer will never use again (stale beyond its bound, or replayed as often as it allows).
 
 An item is sampled with probability ∝ (reward - min reward in the buffer + eps)^alpha: alpha 0 is uniform,
 larger alpha favours high rewards more. The buffer keeps at most `capacity` items; adding beyond it
@@ -7,7 +8,8 @@ evicts the oldest.
 Persistence (a restart loses nothing that was acknowledged): every /add first writes its items as one
 add-log segment `segments/{seq}.json` to the store, then applies them. Every `compact_every` segments
 the whole buffer is written as `snapshot.json` (with the last folded seq) and the folded segments are
-removed. Restoring = snapshot + the segments after it, replayed in order (eviction is deterministic).
+removed. Restoring = snapshot + the segments after it, replayed in order (eviction is deterministic). A retire is a
+segment too (`{"retire": [ids]}`), so a retired item stays gone after a restart.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class ReplayBuffer:
         self.next_id = 0
         self.added_total = 0
         self.evicted_total = 0
+        self.retired_total = 0
         self.rng = np.random.default_rng(seed)
 
     def add(self, rewards: list[float], data: list[Any]) -> list[int]:
@@ -87,22 +90,35 @@ class ReplayBuffer:
                 self.evicted_total += 1
         return ids
 
-    def sample(self, size: int, alpha: float | None = None) -> tuple[list[Entry], np.ndarray]:
-        """`size` entries drawn with replacement by priority, and each one's probability."""
+    def sample(self, size: int, alpha: float | None = None, unique: bool = False) -> tuple[list[Entry], np.ndarray]:
+        """`size` entries drawn by priority (with replacement, or distinct ones with `unique`: then at most all
+        items), and each one's probability in the full draw."""
         if not self.items:
             return [], np.zeros(0)
         entries = list(self.items.values())
         probs = priorities(np.array([e.reward for e in entries]), self.alpha if alpha is None else alpha)
-        picks = self.rng.choice(len(entries), size=size, replace=True, p=probs)
+        if unique:
+            size = min(size, int(np.count_nonzero(probs)) or len(entries))
+        picks = self.rng.choice(len(entries), size=size, replace=not unique, p=probs)
         return [entries[i] for i in picks], probs[picks]
+
+    def retire(self, ids: list[int]) -> int:
+        """Remove the items with these ids (unknown ids are ignored); how many were removed."""
+        removed = 0
+        for item_id in ids:
+            if self.items.pop(item_id, None) is not None:
+                removed += 1
+        self.retired_total += removed
+        return removed
 
     def state(self) -> dict[str, Any]:
         return {"next_id": self.next_id, "added_total": self.added_total, "evicted_total": self.evicted_total,
-                "items": [[e.id, e.reward, e.data] for e in self.items.values()]}
+                "retired_total": self.retired_total, "items": [[e.id, e.reward, e.data] for e in self.items.values()]}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.items = OrderedDict((i, Entry(i, r, d)) for i, r, d in state["items"])
         self.next_id, self.added_total, self.evicted_total = state["next_id"], state["added_total"], state["evicted_total"]
+        self.retired_total = state.get("retired_total", 0)
         while len(self.items) > self.capacity:  # restarted with a smaller capacity
             self.items.popitem(last=False)
             self.evicted_total += 1
@@ -131,7 +147,10 @@ class PersistentReplayBuffer:
         pending = sorted(int(n.split(".")[0]) for n in store.listdir(self.state.rel(SEGMENTS)) if n.endswith(".json"))
         for seq in (s for s in pending if s > self.snapshot_seq):
             segment = json.loads(store.read_text(self.state.rel(SEGMENTS, _segment_name(seq))))
-            self.buffer.add(segment["rewards"], segment["data"])
+            if "retire" in segment:
+                self.buffer.retire(segment["retire"])
+            else:
+                self.buffer.add(segment["rewards"], segment["data"])
             self.seq = seq
         if self.buffer.added_total:
             logger.info("replay buffer restored from %s: %d items (seq %d)", store.url(self.state.prefix),
@@ -144,9 +163,21 @@ class PersistentReplayBuffer:
             self.state.store.write_text(blob, self.state.rel(SEGMENTS, _segment_name(seq)))  # durable first
             self.seq = seq
             ids = self.buffer.add(rewards, data)
-            if self.seq - self.snapshot_seq >= self.compact_every:
-                self._compact()
+            self._maybe_compact()
             return ids
+
+    def retire(self, ids: list[int]) -> int:
+        with self._lock:
+            seq = self.seq + 1
+            self.state.store.write_text(json.dumps({"retire": ids}), self.state.rel(SEGMENTS, _segment_name(seq)))
+            self.seq = seq
+            removed = self.buffer.retire(ids)
+            self._maybe_compact()
+            return removed
+
+    def _maybe_compact(self) -> None:
+        if self.seq - self.snapshot_seq >= self.compact_every:
+            self._compact()
 
     def _compact(self) -> None:
         try:
@@ -158,14 +189,14 @@ class PersistentReplayBuffer:
         except InfraError as e:  # the segments are still there: nothing is lost, compaction retries next time
             logger.warning("replay buffer compaction failed: %s", e)
 
-    def sample(self, size: int, alpha: float | None) -> tuple[list[Entry], np.ndarray]:
+    def sample(self, size: int, alpha: float | None, unique: bool = False) -> tuple[list[Entry], np.ndarray]:
         with self._lock:
-            return self.buffer.sample(size, alpha)
+            return self.buffer.sample(size, alpha, unique)
 
     def stats(self) -> dict[str, Any]:
         b = self.buffer
         return {"size": len(b.items), "capacity": b.capacity, "alpha": b.alpha, "added_total": b.added_total,
-                "evicted_total": b.evicted_total, "seq": self.seq}
+                "evicted_total": b.evicted_total, "retired_total": b.retired_total, "seq": self.seq}
 
 
 def _segment_name(seq: int) -> str:
@@ -197,6 +228,7 @@ class AddResponse(BaseModel):
 class SampleRequest(BaseModel):
     size: int = Field(ge=1)
     alpha: float | None = Field(None, ge=0, description="Priority exponent for this draw; the server's when omitted.")
+    unique: bool = Field(False, description="Distinct items only (at most the buffer's size), still by priority.")
 
 
 class SampledItem(BaseModel):
@@ -217,7 +249,17 @@ class Stats(BaseModel):
     alpha: float
     added_total: int
     evicted_total: int
+    retired_total: int = 0
     seq: int
+
+
+class RetireRequest(BaseModel):
+    ids: list[int] = Field(min_length=1)
+
+
+class RetireResponse(BaseModel):
+    retired: int
+    size: int
 
 
 def build_app(buffer: PersistentReplayBuffer, token: str | None, max_body_bytes: int, max_sample: int = 65536):
@@ -237,11 +279,17 @@ def build_app(buffer: PersistentReplayBuffer, token: str | None, max_body_bytes:
         """`size` items drawn with replacement, with probability ∝ (reward - min + eps)^alpha."""
         if request.size > max_sample:
             raise ServiceError(422, "sample_too_large", f"size {request.size} exceeds the limit of {max_sample}")
-        entries, probs = buffer.sample(request.size, request.alpha)
+        entries, probs = buffer.sample(request.size, request.alpha, request.unique)
         if not entries:
             raise ServiceError(409, "empty", "the replay buffer is empty; POST /add items first")
         items = [SampledItem(id=e.id, reward=e.reward, data=e.data, probability=float(p)) for e, p in zip(entries, probs)]
         return SampleResponse(items=items, size=len(buffer.buffer.items))
+
+    @router.post("/retire", response_model=RetireResponse)
+    def retire(request: RetireRequest) -> RetireResponse:
+        """Remove items for good (durably, like /add): a trainer retires what it will never train again."""
+        removed = buffer.retire(request.ids)
+        return RetireResponse(retired=removed, size=len(buffer.buffer.items))
 
     @router.get("/stats", response_model=Stats)
     def stats() -> Stats:
