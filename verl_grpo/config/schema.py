@@ -397,7 +397,7 @@ class AsyncTrainingConfig(_Section):
     """Rollout servers behind the router (trainer.backend=loop; one process each on this machine)."""
     replay_share: float = Field(0.0, ge=0, lt=1)
     """Share of each step's prompt groups drawn from the replay buffer by priority (0 = fresh groups only); needs
-    `replay` in services.enabled."""
+    `replay` in services.enabled, which trainer.backend=loop adds (with data and reward) when missing."""
     max_replays: int = Field(1, ge=1)
     """Times a stored group may be trained again from the replay buffer after its fresh use."""
 
@@ -525,6 +525,15 @@ class RunConfig(_Section):
         reward function then calls (the job group's reason to exist); the resolved config records it."""
         if self.infra.provider == "skypilot" and self.skypilot.shape == "job_group" and not self.services.enabled:
             self.services.enabled = ["reward"]
+        return self
+
+    @model_validator(mode="after")
+    def _loop_runs_its_services(self) -> RunConfig:
+        """trainer.backend=loop reads prompts from the data-server, rewards from the reward-server and replayed groups
+        from the replay buffer: they are added to services.enabled when missing (the resolved config records it)."""
+        if self.trainer.backend == "loop":
+            missing = [name for name in ("data", "reward", "replay") if name not in self.services.enabled]
+            self.services.enabled = [*self.services.enabled, *missing]
         return self
 
     @model_validator(mode="after")
