@@ -113,3 +113,40 @@ def test_group_payload_round_trips_as_a_replay():
     g = _group("1:4", 3)
     back = Group.from_payload(g.payload(), replay_id=5)
     assert back == g.as_replay(5) and back.source == "replay"
+
+
+def test_sequences_align_behaviour_logprobs_with_the_predicting_positions():
+    from verl_grpo.trainers.loop.update import build_sequences
+
+    g = Group("0:0", [5, 6], [Rollout([7, 8], [-0.1, -0.2], 1.0), Rollout([9], [-0.3], 0.0)], 0)
+    s = build_sequences([g])
+    assert s.input_ids.tolist() == [[5, 6, 7, 8], [5, 6, 9, 0]]
+    assert s.response_mask.tolist() == [[0, 1, 1], [0, 1, 0]]
+    assert s.targets[0, 1:].tolist() == [7, 8] and s.behaviour[0, 1:].tolist() == pytest.approx([-0.1, -0.2])
+    assert s.advantages[0] > 0 > s.advantages[1]
+
+
+def test_update_on_policy_matches_whole_batch_loss_in_micro_batches():
+    from verl_grpo.trainers.loop.update import PolicyUpdate
+
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.out = torch.nn.Linear(8, 16)
+
+        def forward(self, input_ids, attention_mask):
+            return type("O", (), {"logits": self.out(self.emb(input_ids))})()
+
+    groups = [Group(f"0:{i}", [1, 2], [Rollout([3 + i, 4], [-2.0, -2.5], float(i % 2 == j)) for j in range(2)], 0)
+              for i in range(2)]
+    losses = []
+    for micro in (None, 1):
+        torch.manual_seed(0)
+        model = Tiny()
+        upd = PolicyUpdate(model, torch.optim.AdamW(model.parameters(), lr=0.0), temperature=1.0, clip_low=0.2,
+                           clip_high=0.28, loss_agg_mode="token-mean", max_response_length=4, micro_batch_size=micro)
+        losses.append(upd.step(groups).loss)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
