@@ -144,10 +144,12 @@ def create_app(
     description: str = "",
     lifespan: Callable | None = None,
     health_info: Callable[[], dict[str, Any]] | None = None,
+    health_route: bool = True,
 ) -> tuple[FastAPI, Callable]:
     """A FastAPI app with the shared behaviour; returns (app, auth dependency to put on protected routers).
 
     token None disables auth (the `serve` CLI only allows that on a loopback host with --no-auth).
+    health_route False leaves GET /health to the caller (a service whose API fixes its own health body).
     """
     started = time.monotonic()
     app = FastAPI(title=f"verl-grpo {service}", description=description, default_response_class=SafeJSONResponse,
@@ -164,10 +166,11 @@ def create_app(
         if not hmac.compare_digest(credentials.credentials.encode(), expected):
             raise ServiceError(401, "unauthorized", "wrong bearer token")
 
-    @app.get("/health", response_model=Health, tags=["meta"])
-    def health() -> Health:
-        return Health(service=service, uptime_s=round(time.monotonic() - started, 3),
-                      info=health_info() if health_info else {})
+    if health_route:
+        @app.get("/health", response_model=Health, tags=["meta"])
+        def health() -> Health:
+            return Health(service=service, uptime_s=round(time.monotonic() - started, 3),
+                          info=health_info() if health_info else {})
 
     _install_error_handlers(app)
     return app, require_token

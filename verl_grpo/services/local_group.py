@@ -13,24 +13,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import httpx
 
 from verl_grpo.config import RunConfig
-from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.privacy import quiet_env
-from verl_grpo.procs import pid_alive, runs_command, stop_process_groups
-from verl_grpo.retry import Backoff
+from verl_grpo.procs import runs_command, stop_process_groups
 from verl_grpo.services import SERVICES, token_file_env
 from verl_grpo.services.commands import service_settings_args
+from verl_grpo.services.spawn import exit_code, spawn_on_free_port, wait_healthy, write_token
 from verl_grpo.services.state import STORE_ENDPOINT_ENV, STORE_URI_ENV
 
 logger = logging.getLogger(__name__)
@@ -39,7 +34,6 @@ SERVICES_DIR = "services"
 RECORD_FILE = "services.json"
 TOKEN_FILE = "token"
 STOP_GRACE_S = 15.0
-_PORT_RETRIES = 3
 
 
 @dataclass
@@ -79,7 +73,7 @@ def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, datas
         return existing
     if existing is not None:
         _terminate(existing)
-    token_file = _write_token(sdir / TOKEN_FILE)
+    token_file = write_token(sdir / TOKEN_FILE)
     env = {**quiet_env(), **os.environ, token_file_env(cfg.services.token_env): str(token_file),
            "HF_HUB_OFFLINE": "1", STORE_URI_ENV: cfg.storage.uri, "PYTHONUNBUFFERED": "1"}
     env.pop(cfg.services.token_env, None)
@@ -120,17 +114,12 @@ def services_env(workdir: str | Path) -> dict[str, str]:
     return dict(group.env) if group else {}
 
 
-class _PortTaken(Exception):
-    """Another process took the port between probing and binding; a start on a fresh port cures it."""
-
-
 def _start_one(name: str, cfg: RunConfig, run_id: str, sdir: Path, env: dict[str, str], group: ServiceGroup,
                dataset_uri: str | None) -> None:
     spec = SERVICES[name]
     log_path = sdir / f"{spec.task}.log"
-    policy = Backoff(attempts=_PORT_RETRIES, backoff_s=0, retry_on=lambda e: isinstance(e, _PortTaken),
-                     give_up=lambda _: _no_free_port(spec.task))
-    port, proc, cmd = policy.call(_spawn_on_free_port, name, cfg, run_id, dataset_uri, env, sdir, log_path)
+    port, proc, cmd = spawn_on_free_port(spec.task, lambda p: service_command(name, cfg, p, run_id, dataset_uri),
+                                         env, sdir, log_path)
     url = f"http://127.0.0.1:{port}"
     group.endpoints[spec.task] = url
     group.env[spec.url_env] = url
@@ -139,62 +128,14 @@ def _start_one(name: str, cfg: RunConfig, run_id: str, sdir: Path, env: dict[str
     group.logs[spec.task] = str(log_path)
 
 
-def _spawn_on_free_port(name: str, cfg: RunConfig, run_id: str, dataset_uri: str | None, env: dict[str, str],
-                        sdir: Path, log_path: Path) -> tuple[int, subprocess.Popen, list[str]]:
-    """Start service `name` on a port free a moment ago; raises _PortTaken when it lost that port to a race."""
-    port = _free_port()
-    cmd = service_command(name, cfg, port, run_id, dataset_uri)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=sdir, start_new_session=True)
-    time.sleep(0.05)
-    if proc.poll() is not None and b"address already in use" in log_path.read_bytes()[-2000:].lower():
-        raise _PortTaken(port)
-    return port, proc, cmd
-
-
-def _no_free_port(task: str) -> NoReturn:
-    raise InfraError(f"{task} could not bind a free port on 127.0.0.1 after {_PORT_RETRIES} tries")
-
-
 def _wait_ready(group: ServiceGroup, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = dict(group.endpoints)
-    with httpx.Client(timeout=2.0) as http:
-        while pending:
-            for task, url in list(pending.items()):
-                code = _exit_code(group.pids[task])
-                if code is not None:
-                    tail = _tail(Path(group.logs[task]))
-                    error = ConfigError if code == 2 else InfraError
-                    raise error(f"{task} exited with code {code} during start-up; log {group.logs[task]}:\n{tail}")
-                try:
-                    if http.get(f"{url}/health").status_code == 200:
-                        del pending[task]
-                except httpx.TransportError:
-                    pass
-            if pending and time.monotonic() > deadline:
-                raise InfraError(f"{', '.join(pending)} not healthy after {timeout_s:.0f}s; see "
-                                 f"{', '.join(group.logs[t] for t in pending)} (raise services.startup_timeout_s)")
-            if pending:
-                time.sleep(0.25)
+    wait_healthy(group.endpoints, group.pids, group.logs, timeout_s, "raise services.startup_timeout_s")
 
 
 def _terminate(group: ServiceGroup) -> None:
     live = [pid for task, pid in group.pids.items() if runs_command(pid, group.commands.get(task))]
-    for pid in stop_process_groups(live, STOP_GRACE_S, lambda pid: _exit_code(pid) is None):
-        _exit_code(pid)
-
-
-def _exit_code(pid: int) -> int | None:
-    """The exit code of our child `pid` once it ended (reaping it), None while it runs; -1 if not our child."""
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None if pid_alive(pid) else -1
-    if done == 0:
-        return None
-    return os.waitstatus_to_exitcode(status)
+    for pid in stop_process_groups(live, STOP_GRACE_S, lambda pid: exit_code(pid) is None):
+        exit_code(pid)
 
 
 def _all_alive(group: ServiceGroup) -> bool:
@@ -207,20 +148,6 @@ def _all_healthy(group: ServiceGroup) -> bool:
             return all(http.get(f"{url}/health").status_code == 200 for url in group.endpoints.values())
     except httpx.TransportError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_token(path: Path) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32))
-    os.chmod(path, 0o600)
-    return path
 
 
 def _record_path(workdir: Path) -> Path:
@@ -240,10 +167,3 @@ def _read_record(workdir: Path) -> ServiceGroup | None:
 
 def _remove_record(workdir: Path) -> None:
     _record_path(workdir).unlink(missing_ok=True)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
