@@ -92,11 +92,12 @@ def _group(pid: str, version: int, replay_id: int | None = None) -> Group:
 
 def test_choose_replays_drops_stale_and_used_up_groups_and_retires_them():
     candidates = [_group("0:1", 1, 10), _group("0:2", 4, 11), _group("0:2", 4, 11), _group("0:3", 4, 12),
-                  _group("0:4", 3, 13), _group("0:5", 4, 14)]
-    choice = choose_replays(candidates, want=2, uses={"0:3": 2, "0:4": 1}, current_version=4, max_staleness=1,
-                            max_uses=2, exclude={"0:5"})
+                  _group("0:4", 3, 13), _group("0:5", 4, 14), _group("0:6", 0, 15)]
+    choice = choose_replays(candidates, want=2, uses={"0:3": 2, "0:4": 1, "0:6": 2}, current_version=4,
+                            max_staleness=1, max_uses=2, exclude={"0:5"})
     assert [g.prompt_id for g in choice.chosen] == ["0:2", "0:4"]
-    assert choice.retire == [10, 12] and choice.dropped_stale == 1 and choice.max_staleness == 1
+    # used up (0:3, and 0:6 which is also stale) is not a staleness drop
+    assert choice.retire == [10, 12, 15] and choice.dropped_stale == 1 and choice.max_staleness == 1
 
 
 def test_loop_state_counts_uses_moves_the_cursor_and_round_trips():

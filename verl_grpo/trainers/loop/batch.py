@@ -114,10 +114,10 @@ def choose_replays(candidates: Iterable[Group], want: int, uses: dict[str, int],
         if group.replay_id in seen_items:
             continue
         seen_items.add(group.replay_id)
-        if is_stale(group.policy_version, current_version, max_staleness):
-            dropped += 1
+        if uses.get(group.prompt_id, 0) >= max_uses:
             retire.append(group.replay_id)
-        elif uses.get(group.prompt_id, 0) >= max_uses:
+        elif is_stale(group.policy_version, current_version, max_staleness):
+            dropped += 1
             retire.append(group.replay_id)
         elif len(chosen) < want and group.prompt_id not in taken:
             chosen.append(group)

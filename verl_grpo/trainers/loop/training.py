@@ -156,6 +156,9 @@ class Loop:
         self.max_uses = 1 + cfg.async_training.max_replays
         self.no_signal = NoSignalWatch.from_config(cfg)
         self.server_versions: dict[str, int] = {}
+        self.pending_retire: set[int] = set()
+        """Replay items to retire once the checkpoint holding the uses that retire them is committed (a killed
+        attempt's retirements would otherwise outlive its rolled-back updates)."""
 
     def render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -165,7 +168,7 @@ class Loop:
         from verl_grpo.services.rollout_fleet import start_rollout_fleet
 
         at = self.cfg.async_training
-        services = Services.from_env()
+        services = self.services = Services.from_env()
         services.data.request("PUT", "/cursor", json={"split": "train", "epoch": self.state.cursor[0],
                                                       "position": self.state.cursor[1]})
         token_file = os.environ.get(token_file_env(self.cfg.services.token_env)) or os.environ.get(
@@ -218,8 +221,7 @@ class Loop:
         state.step += 1
         state.updates_since_push += 1
         services.replay.post("/add", {"items": [{"data": g.payload(), "reward": g.mean_reward} for g in fresh]})
-        if retire:
-            services.replay.post("/retire", {"ids": retire})
+        self.pending_retire.update(retire)
         t = times.add("replay", t)
         if state.updates_since_push >= at.trigger_parameter_sync_step:
             self._push_weights()
@@ -247,7 +249,7 @@ class Loop:
         candidates = [Group.from_payload(item["data"], item["id"]) for item in drawn["items"]]
         # A group of a prompt this run has not trained fresh (stored by a killed attempt whose update was rolled
         # back) waits until that prompt is trained fresh again, so no prompt is used more than max_uses times.
-        trained = [g for g in candidates if g.prompt_id in self.state.uses]
+        trained = [g for g in candidates if g.prompt_id in self.state.uses and g.replay_id not in self.pending_retire]
         choice = choose_replays(trained, self.want_replay, self.state.uses, current,
                                 self.cfg.async_training.max_staleness, self.max_uses)
         return choice.chosen, choice.retire, choice.dropped_stale
@@ -329,6 +331,9 @@ class Loop:
         ref = self.checkpoints.save(self.spec.run_id, state.step, step_dir,
                                     {"policy_version": state.policy_version, "cursor": list(state.cursor)})
         say(f"checkpoint step {state.step} committed ({ref.uri})")
+        if self.pending_retire:
+            self.services.replay.post("/retire", {"ids": sorted(self.pending_retire)})
+            self.pending_retire.clear()
         self.checkpoints.prune(self.spec.run_id, self.cfg.storage.keep_last)
         for old in LocalCheckpoints(self.spec.workdir / "checkpoints", STEP_PREFIX).steps():
             if old != state.step:
