@@ -23,7 +23,7 @@ import pytest
 from verl_grpo.paths import state_dir
 from verl_grpo.store import Store
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # ~3 min: two CLI attempts, 12 loop steps, eval
 STEPS, SAVE_FREQ, MAX_STALENESS, MAX_REPLAYS = 12, 3, 3, 1
 KILL_AFTER_STEP = 5  # between the checkpoints of steps 3 and 6: steps 4-5 and their in-flight prompts are redone
 
