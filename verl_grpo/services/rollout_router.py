@@ -168,7 +168,7 @@ def build_app(router_state: RolloutRouter, token: str | None, max_body_bytes: in
     started = time.monotonic()
 
     @app.get("/health", response_model=RouterHealth, tags=["meta"])
-    def health() -> RouterHealth:
+    async def health() -> RouterHealth:
         return router_state.health(round(time.monotonic() - started, 3))
 
     api = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
@@ -179,16 +179,16 @@ def build_app(router_state: RolloutRouter, token: str | None, max_body_bytes: in
         return await router_state.generate(request)
 
     @api.get("/workers", response_model=WorkerList)
-    def workers() -> WorkerList:
+    async def workers() -> WorkerList:
         """Every rollout server behind the router: push new weights to each of them."""
         return WorkerList(workers=[w.url for w in router_state.workers])
 
     @api.get("/stats", response_model=RouterStats)
-    def stats() -> RouterStats:
+    async def stats() -> RouterStats:
         return router_state.stats()
 
     @api.post("/update_weights")
-    def update_weights() -> None:
+    async def update_weights() -> None:
         """Always 409: weights go to every worker, not through the router."""
         raise ServiceError(409, "push_to_workers", "the router does not take weights; push them to every worker "
                                                    "listed by GET /workers")

@@ -161,6 +161,7 @@ class RolloutEngine:
                 self.in_flight -= 1
 
     def generate(self, request: GenerateRequest) -> GenerateResponse:
+        # As the evaluator encodes prompts: the chat template already placed any special tokens.
         encoded = [list(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in request.prompts]
         for i, ids in enumerate(encoded):
             if not ids:
@@ -303,14 +304,16 @@ def build_app(engine: RolloutEngine, token: str | None, max_body_bytes: int):
                            description="Samples rollouts with their behaviour log-probs; loads new weights from disk.")
     started = time.monotonic()
 
+    # Async (on the event loop): generations waiting for the model may fill the thread pool, and the router's
+    # health checks must still be answered.
     @app.get("/health", response_model=ServerHealth, tags=["meta"])
-    def health() -> ServerHealth:
+    async def health() -> ServerHealth:
         return engine.health(round(time.monotonic() - started, 3))
 
     router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
     @router.get("/policy_version", response_model=PolicyVersion)
-    def policy_version() -> PolicyVersion:
+    async def policy_version() -> PolicyVersion:
         return PolicyVersion(policy_version=engine.policy_version, model_path=engine.model_path)
 
     @router.post("/generate", response_model=GenerateResponse)

@@ -1,0 +1,111 @@
+"""Benchmark: rollouts/s through the rollout router with 2 CPU rollout servers vs 1 → bench/results/rollout_router.md.
+
+Both sides are the real processes the loop uses (`start_rollout_fleet`: rollout servers with 1 torch thread
+each and the router in front, subprocesses on 127.0.0.1) and the trainer's client (`RouterClient`), so the
+numbers include HTTP, routing and JSON. Each side answers the same requests — same prompts, same sampling
+settings, the same seed per request, hence the same generated tokens — sent by `--clients` concurrent client
+threads. A rollout is one sampled response. Sides alternate (1, 2, 1, 2, …) for `--rounds` rounds after one
+warm-up round per fleet, so machine drift hits both; the table gives each round and the median ratio.
+
+Run: `python bench/rollout_router_bench.py [--model tiny|smollm2-135m] [--requests 48] [--clients 4]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from verl_grpo.models import resolve_model  # noqa: E402
+from verl_grpo.paths import data_mirror_dir  # noqa: E402
+from verl_grpo.services.rollout_client import RouterClient  # noqa: E402
+from verl_grpo.services.rollout_fleet import RolloutFleet, start_rollout_fleet  # noqa: E402
+
+OUT = REPO / "bench" / "results" / "rollout_router.md"
+
+
+def gsm8k_prompts(count: int) -> list[str]:
+    lines = (data_mirror_dir() / "gsm8k" / "train.jsonl").read_text().splitlines()[:count]
+    return [f"Question: {json.loads(line)['question']}\nAnswer:" for line in lines]
+
+
+def run_side(fleet: RolloutFleet, batches: list[list[str]], args: argparse.Namespace) -> float:
+    """Seconds to answer every batch through the router with args.clients concurrent clients."""
+    token = Path(fleet.token_file).read_text().strip()
+    with RouterClient(fleet.router_url, token=token) as client, ThreadPoolExecutor(args.clients) as pool:
+        started = time.perf_counter()
+        responses = list(pool.map(lambda ib: client.generate(ib[1], n=args.n, max_new_tokens=args.max_new_tokens,
+                                                             temperature=1.0, seed=ib[0]), enumerate(batches)))
+        seconds = time.perf_counter() - started
+    assert sum(len(r.outputs) for r in responses) == len(batches) * args.prompts_per_request * args.n
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--prompts-per-request", type=int, default=2)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    model = resolve_model(args.model)
+    prompts = gsm8k_prompts(args.requests * args.prompts_per_request)
+    batches = [prompts[i:i + args.prompts_per_request] for i in range(0, len(prompts), args.prompts_per_request)]
+    rollouts = len(batches) * args.prompts_per_request * args.n
+    times: dict[int, list[float]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory() as tmp, \
+            start_rollout_fleet(model, 1, Path(tmp) / "one", threads_per_server=1) as one, \
+            start_rollout_fleet(model, 2, Path(tmp) / "two", threads_per_server=1) as two:
+        fleets = {1: one, 2: two}
+        for servers, fleet in fleets.items():
+            run_side(fleet, batches[: args.clients * 2], args)  # warm-up
+        for _ in range(args.rounds):
+            for servers, fleet in fleets.items():
+                times[servers].append(run_side(fleet, batches, args))
+                print(f"{servers} server(s): {rollouts / times[servers][-1]:.1f} rollouts/s", flush=True)
+    write_report(args, rollouts, times)
+
+
+def write_report(args: argparse.Namespace, rollouts: int, times: dict[int, list[float]]) -> None:
+    rates = {s: [rollouts / t for t in ts] for s, ts in times.items()}
+    ratios = [b / a for a, b in zip(rates[1], rates[2])]
+    rows = "\n".join(f"| {i + 1} | {rates[1][i]:.1f} | {rates[2][i]:.1f} | {ratios[i]:.2f} |"
+                     for i in range(len(ratios)))
+    load = os.getloadavg()
+    OUT.write_text(f"""# Rollout router: 2 CPU rollout servers vs 1
+
+`python bench/rollout_router_bench.py --model {args.model} --requests {args.requests} --clients {args.clients} \
+--prompts-per-request {args.prompts_per_request} --n {args.n} --max-new-tokens {args.max_new_tokens} \
+--rounds {args.rounds}` on {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, \
+{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC (load average before writing: {load[0]:.2f}).
+
+Each side: rollout servers with 1 torch thread each behind the router, {args.clients} concurrent clients, the same
+{args.requests} seeded requests of {args.prompts_per_request} GSM8K prompts x {args.n} samples x up to \
+{args.max_new_tokens} new tokens ({rollouts} rollouts per round; identical tokens on both sides). Goal: >= 1.8x.
+
+| round | 1 server rollouts/s | 2 servers rollouts/s | ratio (2 / 1) |
+|---|---|---|---|
+{rows}
+| median | {statistics.median(rates[1]):.1f} | {statistics.median(rates[2]):.1f} | {statistics.median(ratios):.2f} |
+""")
+    print(OUT.read_text())
+
+
+if __name__ == "__main__":
+    main()
