@@ -203,6 +203,7 @@ class Loop:
         t = time.perf_counter()
         replayed, retire, dropped_replay = self._replays(services, current)
         t = times.add("replay", t)
+        taken: list[Group] = []
         fresh: list[Group] = []
         dropped: list[Group] = []
         generate_s = reward_s = 0.0
@@ -210,13 +211,14 @@ class Loop:
             produced = producer.take()
             generate_s, reward_s = max(generate_s, produced.generate_s), max(reward_s, produced.reward_s)
             group = produced.group
+            taken.append(group)
             (dropped if is_stale(group.policy_version, current, at.max_staleness) else fresh).append(group)
         t = times.add("rollout_wait", t)
         groups = [*fresh, *replayed]
         stats = self.updater.step(groups)
         t = times.add("update", t)
         state.record(groups, current)
-        state.advance(dropped)  # a dropped fresh prompt is consumed: the cursor passes it
+        state.advance(taken)  # past every fresh prompt taken, dropped ones included, in the data-server's order
         state.dropped_stale_total += dropped_replay + len(dropped)
         state.step += 1
         state.updates_since_push += 1
@@ -283,13 +285,15 @@ class Loop:
 
     def _record(self, groups, fresh, replayed, dropped, dropped_replay, current, stats, times) -> dict[str, Any]:
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        fresh_rewards = [r for g in fresh for r in g.rewards]
         lengths = [len(r.token_ids) for g in groups for r in g.rollouts]
         truncated = [r.finish_reason == "length" for g in groups for r in g.rollouts]
         tied = float((rewards.std(dim=1) == 0).float().mean()) if rewards.shape[1] > 1 else 1.0
         lags = [staleness(g.policy_version, current) for g in groups]
         record: dict[str, Any] = {
             "step": self.state.step,
-            "reward": float(rewards.mean()),
+            "reward": sum(fresh_rewards) / len(fresh_rewards) if fresh_rewards else float(rewards.mean()),
+            "reward/trained": float(rewards.mean()),
             "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
             TIED_GROUP_SHARE: tied,
             MEAN_LENGTH: sum(lengths) / max(len(lengths), 1),
