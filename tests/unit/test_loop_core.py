@@ -151,3 +151,10 @@ def test_update_on_policy_matches_whole_batch_loss_in_micro_batches():
                            clip_high=0.28, loss_agg_mode="token-mean", max_response_length=4, micro_batch_size=micro)
         losses.append(upd.step(groups).loss)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_warmup_lr_is_linear_then_constant():
+    from verl_grpo.trainers.loop.training import warmup_lr
+
+    assert [warmup_lr(1.0, 4, s) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
+    assert warmup_lr(1e-6, 0, 1) == 1e-6

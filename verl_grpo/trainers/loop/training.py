@@ -215,6 +215,8 @@ class Loop:
             (dropped if is_stale(group.policy_version, current, at.max_staleness) else fresh).append(group)
         t = times.add("rollout_wait", t)
         groups = [*fresh, *replayed]
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = warmup_lr(alg.lr, alg.warmup_steps, state.step + 1)
         stats = self.updater.step(groups)
         t = times.add("update", t)
         state.record(groups, current)
@@ -343,6 +345,12 @@ class Loop:
             if old != state.step:
                 shutil.rmtree(step_dir.parent / f"{STEP_PREFIX}{old}", ignore_errors=True)
         return ref
+
+
+def warmup_lr(lr: float, warmup_steps: int, step: int) -> float:
+    """algorithm.lr after a linear warm-up over the first warmup_steps steps (step counts from 1: the first step
+    trains at lr / warmup_steps), then constant."""
+    return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
 
 
 def publish(spec: WorkerSpec, checkpoints: CheckpointStore, metrics: MetricsLog, state: LoopState,
