@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--prompts-per-request", type=int, default=2)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
     model = resolve_model(args.model)
@@ -88,6 +88,8 @@ def write_report(args: argparse.Namespace, rollouts: int, times: dict[int, list[
     rows = "\n".join(f"| {i + 1} | {rates[1][i]:.1f} | {rates[2][i]:.1f} | {ratios[i]:.2f} |"
                      for i in range(len(ratios)))
     load = os.getloadavg()
+    noisy = ("\nThe load average says other processes shared the cores during the run: read the per-round rows as "
+             "noisy and the median ratio as the figure.\n" if load[0] > (os.cpu_count() or 1) else "")
     OUT.write_text(f"""# Rollout router: 2 CPU rollout servers vs 1
 
 `python bench/rollout_router_bench.py --model {args.model} --requests {args.requests} --clients {args.clients} \
@@ -102,8 +104,9 @@ Each side: rollout servers with 1 torch thread each behind the router, {args.cli
 | round | 1 server rollouts/s | 2 servers rollouts/s | ratio (2 / 1) |
 |---|---|---|---|
 {rows}
-| median | {statistics.median(rates[1]):.1f} | {statistics.median(rates[2]):.1f} | {statistics.median(ratios):.2f} |
-""")
+| median (ratio: of the rounds' ratios) | {statistics.median(rates[1]):.1f} | {statistics.median(rates[2]):.1f} \
+| {statistics.median(ratios):.2f} |
+{noisy}""")
     print(OUT.read_text())
 
 

@@ -120,6 +120,12 @@ def test_the_router_refuses_weights_and_requests_without_the_token(fleet, router
         client.generate(["x"], max_new_tokens=2)
 
 
+def test_a_request_the_model_cannot_take_is_refused_without_failing_the_worker(fleet, router):
+    with pytest.raises(DataError, match="422.*exceed the model's 2048 positions"):
+        router.generate(["hello"], max_new_tokens=4000)
+    assert router.health()["status"] == "ok"
+
+
 def test_update_weights_on_every_worker_raises_the_version_and_changes_generations(fleet, router, token,
                                                                                    perturbed_model_dir):
     request = dict(prompts=PROMPTS, n=2, max_new_tokens=12, temperature=TEMPERATURE, seed=5)

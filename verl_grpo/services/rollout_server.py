@@ -149,6 +149,7 @@ class RolloutEngine:
         self._count_lock = threading.Lock()
         self.in_flight = 0
         self.eos_ids = set(_as_list(self.model.generation_config.eos_token_id))
+        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
 
     @contextmanager
     def counted(self) -> Iterator[None]:
@@ -166,6 +167,10 @@ class RolloutEngine:
         for i, ids in enumerate(encoded):
             if not ids:
                 raise ServiceError(422, "empty_prompt", f"prompts[{i}] encodes to no tokens; send a non-empty prompt")
+            if self.max_positions and len(ids) + request.max_new_tokens > self.max_positions:
+                raise ServiceError(422, "too_long", f"prompts[{i}] ({len(ids)} tokens) + max_new_tokens "
+                                                    f"{request.max_new_tokens} exceed the model's {self.max_positions} "
+                                                    "positions; shorten the prompt or lower max_new_tokens")
         with self.counted(), self.lock.read():
             version = self.policy_version
             outputs = self._sample(encoded, request)
