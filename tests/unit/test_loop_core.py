@@ -124,7 +124,7 @@ def test_sequences_align_behaviour_logprobs_with_the_predicting_positions():
     assert s.input_ids.tolist() == [[5, 6, 7, 8], [5, 6, 9, 0]]
     assert s.response_mask.tolist() == [[0, 1, 1], [0, 1, 0]]
     assert s.targets[0, 1:].tolist() == [7, 8] and s.behaviour[0, 1:].tolist() == pytest.approx([-0.1, -0.2])
-    assert s.advantages[0] > 0 > s.advantages[1]
+    assert s.advantages[0] > 0 > s.advantages[1] and s.first_predicting == 1
 
 
 def test_update_on_policy_matches_whole_batch_loss_in_micro_batches():
@@ -138,8 +138,8 @@ def test_update_on_policy_matches_whole_batch_loss_in_micro_batches():
             self.emb = torch.nn.Embedding(16, 8)
             self.out = torch.nn.Linear(8, 16)
 
-        def forward(self, input_ids, attention_mask):
-            return type("O", (), {"logits": self.out(self.emb(input_ids))})()
+        def forward(self, input_ids, attention_mask, logits_to_keep=0):
+            return type("O", (), {"logits": self.out(self.emb(input_ids))[:, -logits_to_keep:]})()
 
     groups = [Group(f"0:{i}", [1, 2], [Rollout([3 + i, 4], [-2.0, -2.5], float(i % 2 == j)) for j in range(2)], 0)
               for i in range(2)]

@@ -24,6 +24,8 @@ class Sequences:
     response_mask: torch.Tensor
     behaviour: torch.Tensor
     advantages: torch.Tensor
+    first_predicting: int
+    """The first position whose logits predict a response token (in any row): the LM head runs from there on."""
 
 
 def build_sequences(groups: Sequence[Group], pad_id: int = 0) -> Sequences:
@@ -46,7 +48,8 @@ def build_sequences(groups: Sequence[Group], pad_id: int = 0) -> Sequences:
         start = len(prompt) - 1  # the position whose logits predict the first response token
         resp_mask[i, start : start + len(tokens)] = 1.0
         behaviour[i, start : start + len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
-    return Sequences(input_ids, attention, input_ids[:, 1:], resp_mask, behaviour, advantages)
+    first = min(len(p) - 1 for p, _, _ in rows)
+    return Sequences(input_ids, attention, input_ids[:, 1:], resp_mask, behaviour, advantages, max(first, 0))
 
 
 @dataclass(frozen=True)
@@ -79,15 +82,21 @@ class PolicyUpdate:
         loss_sum, clip, ratio, ratio_max = 0.0, 0.0, 0.0, 0.0
         for lo in range(0, n, micro):
             part = slice(lo, min(lo + micro, n))
-            mask = seqs.response_mask[part]
-            logits = self.model(input_ids=seqs.input_ids[part], attention_mask=seqs.attention_mask[part]).logits
-            logp = token_logprobs(logits[:, :-1], seqs.targets[part], self.temperature)
-            loss, stats = clipped_surrogate(logp, seqs.behaviour[part], seqs.advantages[part], mask, self.clip_low,
-                                            self.clip_high, self.loss_agg_mode, self.max_response_length)
+            # Logits of the prompt positions are never used: HF's logits_to_keep runs the LM head (a 49k-vocab
+            # matmul per token for SmolLM2) only over the positions from the first one predicting a response token.
+            keep = seqs.input_ids.shape[1] - seqs.first_predicting
+            logits = self.model(input_ids=seqs.input_ids[part], attention_mask=seqs.attention_mask[part],
+                                logits_to_keep=keep).logits
+            cols = slice(seqs.first_predicting, None)
+            mask = seqs.response_mask[part, cols]
+            logp = token_logprobs(logits[:, :-1], seqs.targets[part, cols], self.temperature)
+            loss, stats = clipped_surrogate(logp, seqs.behaviour[part, cols], seqs.advantages[part], mask,
+                                            self.clip_low, self.clip_high, self.loss_agg_mode,
+                                            self.max_response_length)
             # token-mean divides by the step's active tokens, the seq-mean modes by its sequences
             share = float(mask.sum()) / total_tokens if self.loss_agg_mode == "token-mean" else (part.stop - lo) / n
             (loss * share).backward()
-            loss_sum += float(loss) * share
+            loss_sum += float(loss.detach()) * share
             clip += stats.clip_fraction * share
             ratio += stats.ratio_mean * share
             ratio_max = max(ratio_max, stats.ratio_max)
