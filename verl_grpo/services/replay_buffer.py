@@ -52,6 +52,8 @@ class Entry:
     id: int
     reward: float
     data: Any
+    version: int | None = None
+    """Policy version that generated the item, when the adder gave one (a sample may ask for a minimum)."""
 
 
 def priorities(rewards: np.ndarray, alpha: float, eps: float = PRIORITY_EPS) -> np.ndarray:
@@ -77,10 +79,10 @@ class ReplayBuffer:
         self.retired_total = 0
         self.rng = np.random.default_rng(seed)
 
-    def add(self, rewards: list[float], data: list[Any]) -> list[int]:
+    def add(self, rewards: list[float], data: list[Any], versions: list[int | None] | None = None) -> list[int]:
         ids = []
-        for reward, payload in zip(rewards, data, strict=True):
-            entry = Entry(self.next_id, float(reward), payload)
+        for reward, payload, version in zip(rewards, data, versions or [None] * len(rewards), strict=True):
+            entry = Entry(self.next_id, float(reward), payload, version)
             self.items[entry.id] = entry
             ids.append(entry.id)
             self.next_id += 1
@@ -90,12 +92,15 @@ class ReplayBuffer:
                 self.evicted_total += 1
         return ids
 
-    def sample(self, size: int, alpha: float | None = None, unique: bool = False) -> tuple[list[Entry], np.ndarray]:
+    def sample(self, size: int, alpha: float | None = None, unique: bool = False, min_version: int | None = None,
+               exclude: frozenset[int] = frozenset()) -> tuple[list[Entry], np.ndarray]:
         """`size` entries drawn by priority (with replacement, or distinct ones with `unique`: then at most all
-        items), and each one's probability in the full draw."""
-        if not self.items:
+        items), and each one's probability in the draw. Only items of policy version >= min_version (when given)
+        and not in `exclude` take part."""
+        entries = [e for e in self.items.values() if e.id not in exclude
+                   and (min_version is None or (e.version is not None and e.version >= min_version))]
+        if not entries:
             return [], np.zeros(0)
-        entries = list(self.items.values())
         probs = priorities(np.array([e.reward for e in entries]), self.alpha if alpha is None else alpha)
         if unique:
             size = min(size, int(np.count_nonzero(probs)) or len(entries))
@@ -113,10 +118,11 @@ class ReplayBuffer:
 
     def state(self) -> dict[str, Any]:
         return {"next_id": self.next_id, "added_total": self.added_total, "evicted_total": self.evicted_total,
-                "retired_total": self.retired_total, "items": [[e.id, e.reward, e.data] for e in self.items.values()]}
+                "retired_total": self.retired_total,
+                "items": [[e.id, e.reward, e.data, e.version] for e in self.items.values()]}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.items = OrderedDict((i, Entry(i, r, d)) for i, r, d in state["items"])
+        self.items = OrderedDict((item[0], Entry(*item)) for item in state["items"])  # [id, reward, data, version?]
         self.next_id, self.added_total, self.evicted_total = state["next_id"], state["added_total"], state["evicted_total"]
         self.retired_total = state.get("retired_total", 0)
         while len(self.items) > self.capacity:  # restarted with a smaller capacity
@@ -150,19 +156,22 @@ class PersistentReplayBuffer:
             if "retire" in segment:
                 self.buffer.retire(segment["retire"])
             else:
-                self.buffer.add(segment["rewards"], segment["data"])
+                self.buffer.add(segment["rewards"], segment["data"], segment.get("versions"))
             self.seq = seq
         if self.buffer.added_total:
             logger.info("replay buffer restored from %s: %d items (seq %d)", store.url(self.state.prefix),
                         len(self.buffer.items), self.seq)
 
-    def add(self, rewards: list[float], data: list[Any]) -> list[int]:
+    def add(self, rewards: list[float], data: list[Any], versions: list[int | None] | None = None) -> list[int]:
         with self._lock:
             seq = self.seq + 1
-            blob = json.dumps({"rewards": rewards, "data": data}, separators=(",", ":"))
+            record: dict[str, Any] = {"rewards": rewards, "data": data}
+            if versions is not None and any(v is not None for v in versions):
+                record["versions"] = versions
+            blob = json.dumps(record, separators=(",", ":"))
             self.state.store.write_text(blob, self.state.rel(SEGMENTS, _segment_name(seq)))  # durable first
             self.seq = seq
-            ids = self.buffer.add(rewards, data)
+            ids = self.buffer.add(rewards, data, versions)
             self._maybe_compact()
             return ids
 
@@ -189,9 +198,10 @@ class PersistentReplayBuffer:
         except InfraError as e:  # the segments are still there: nothing is lost, compaction retries next time
             logger.warning("replay buffer compaction failed: %s", e)
 
-    def sample(self, size: int, alpha: float | None, unique: bool = False) -> tuple[list[Entry], np.ndarray]:
+    def sample(self, size: int, alpha: float | None, unique: bool = False, min_version: int | None = None,
+               exclude: frozenset[int] = frozenset()) -> tuple[list[Entry], np.ndarray]:
         with self._lock:
-            return self.buffer.sample(size, alpha, unique)
+            return self.buffer.sample(size, alpha, unique, min_version, exclude)
 
     def stats(self) -> dict[str, Any]:
         b = self.buffer
@@ -207,6 +217,7 @@ class AddItem(BaseModel):
     data: JsonValue
     """The experience (prompt, response, token ids, ...): any JSON."""
     reward: float
+    policy_version: int | None = Field(None, ge=0, description="Policy version that generated the experience.")
 
     @field_validator("reward")
     @classmethod
@@ -229,6 +240,8 @@ class SampleRequest(BaseModel):
     size: int = Field(ge=1)
     alpha: float | None = Field(None, ge=0, description="Priority exponent for this draw; the server's when omitted.")
     unique: bool = Field(False, description="Distinct items only (at most the buffer's size), still by priority.")
+    min_policy_version: int | None = Field(None, description="Only items added with a policy_version >= this.")
+    exclude_ids: list[int] = Field(default_factory=list, max_length=65536, description="Items not to draw.")
 
 
 class SampledItem(BaseModel):
@@ -271,17 +284,20 @@ def build_app(buffer: PersistentReplayBuffer, token: str | None, max_body_bytes:
     @router.post("/add", response_model=AddResponse)
     def add(request: AddRequest) -> AddResponse:
         """Append items (durably: acknowledged adds survive a restart); the oldest are evicted beyond capacity."""
-        ids = buffer.add([i.reward for i in request.items], [i.data for i in request.items])
+        ids = buffer.add([i.reward for i in request.items], [i.data for i in request.items],
+                         [i.policy_version for i in request.items])
         return AddResponse(ids=ids, size=len(buffer.buffer.items))
 
     @router.post("/sample", response_model=SampleResponse)
     def sample(request: SampleRequest) -> SampleResponse:
-        """`size` items drawn with replacement, with probability ∝ (reward - min + eps)^alpha."""
+        """`size` items drawn with replacement (distinct with `unique`), with probability ∝ (reward - min + eps)^alpha
+        among the items that pass the filters (min_policy_version, exclude_ids); none may pass."""
         if request.size > max_sample:
             raise ServiceError(422, "sample_too_large", f"size {request.size} exceeds the limit of {max_sample}")
-        entries, probs = buffer.sample(request.size, request.alpha, request.unique)
-        if not entries:
+        if not buffer.buffer.items:
             raise ServiceError(409, "empty", "the replay buffer is empty; POST /add items first")
+        entries, probs = buffer.sample(request.size, request.alpha, request.unique, request.min_policy_version,
+                                       frozenset(request.exclude_ids))
         items = [SampledItem(id=e.id, reward=e.reward, data=e.data, probability=float(p)) for e, p in zip(entries, probs)]
         return SampleResponse(items=items, size=len(buffer.buffer.items))
 

@@ -53,7 +53,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 MODEL_SUBDIR = "model"
 WEIGHTS_DIR = "weights"
 SAMPLE_OVERDRAW = 4
-"""Replay candidates drawn per wanted group, so stale and used-up ones can be skipped in one request."""
+"""Replay candidates drawn per wanted group, so groups of prompts this attempt has not trained (a killed attempt's)
+can be skipped in one request."""
 SUMMARY = SummaryNames(
     final={"reward": "final_reward", "reward_std": "final_reward_std", "loss": "final_loss",
            MEAN_LENGTH: "final_completions/mean_length"},
@@ -224,7 +225,8 @@ class Loop:
         state.dropped_stale_total += dropped_replay + len(dropped)
         state.step += 1
         state.updates_since_push += 1
-        services.replay.post("/add", {"items": [{"data": g.payload(), "reward": g.mean_reward} for g in fresh]})
+        services.replay.post("/add", {"items": [{"data": g.payload(), "reward": g.mean_reward,
+                                                  "policy_version": g.policy_version} for g in fresh]})
         self.pending_retire.update(retire)
         t = times.add("replay", t)
         if state.updates_since_push >= at.trigger_parameter_sync_step:
@@ -245,7 +247,11 @@ class Loop:
         if self.want_replay == 0:
             return [], [], 0
         try:
-            drawn = services.replay.post("/sample", {"size": self.want_replay * SAMPLE_OVERDRAW, "unique": True})
+            # The buffer draws among items within the staleness bound that are not waiting to be retired.
+            drawn = services.replay.post("/sample", {
+                "size": self.want_replay * SAMPLE_OVERDRAW, "unique": True,
+                "min_policy_version": current - self.cfg.async_training.max_staleness,
+                "exclude_ids": sorted(self.pending_retire)})
         except DataError as e:
             if "empty" in str(e):  # nothing trained yet: the step takes fresh groups only
                 return [], [], 0
@@ -253,7 +259,7 @@ class Loop:
         candidates = [Group.from_payload(item["data"], item["id"]) for item in drawn["items"]]
         # A group of a prompt this run has not trained fresh (stored by a killed attempt whose update was rolled
         # back) waits until that prompt is trained fresh again, so no prompt is used more than max_uses times.
-        trained = [g for g in candidates if g.prompt_id in self.state.uses and g.replay_id not in self.pending_retire]
+        trained = [g for g in candidates if g.prompt_id in self.state.uses]
         choice = choose_replays(trained, self.want_replay, self.state.uses, current,
                                 self.cfg.async_training.max_staleness, self.max_uses)
         return choice.chosen, choice.retire, choice.dropped_stale
