@@ -95,6 +95,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  checkpoint        {summary['checkpoint']}")
     click.echo(f"  final model       {summary['model_uri']}")
     click.echo(f"  run id            {summary['run_id']}  (config digest {summary['config_digest']})")
+    for line in summary.get("async_loop", []):
+        click.echo(f"  {line}")
     click.echo(f"  MLflow UI         {mlflow_ui_command(cfg.tracking.mlflow_uri)}")
     if summary.get("cloud_cost"):
         click.echo(f"  cloud cost        {summary['cloud_cost']}")

@@ -38,6 +38,7 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "mirrors": ", ".join(f"{m.name} {m.where if m.ok else 'FAILED'}" for m in version.mirrors),
         "warnings": [warning_line(m, run_id) for m in version.mirrors if not m.ok],
         "warm_start": warm_start_line(result.summary),
+        "async_loop": async_loop_lines(result.summary),
         "reward_curve_png": curve_png,
         "reward_curve": curve,
         "metrics": [{"metric": c.metric, "base": c.base, "trained": c.trained, "delta": c.delta,
@@ -65,6 +66,20 @@ def warm_start_line(train_summary: dict) -> str:
             f"(last steps), {s['warm_start_seconds']:.0f} s")
 
 
+def async_loop_lines(train_summary: dict) -> list[str]:
+    """trainer.backend=loop's facts, one line each: the policy versions (trainer and every rollout server), the
+    share of trained groups replayed from the buffer, and the largest staleness trained; [] for other backends."""
+    if "policy_version" not in train_summary:
+        return []
+    s = train_summary
+    servers = sorted((k for k in s if k.startswith("policy_version/server_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+    per_server = ", ".join(f"{k.rsplit('/', 1)[1]} v{int(s[k])}" for k in servers) or "no server answered"
+    return [f"policy versions   trainer v{int(s['policy_version'])}; {per_server}",
+            f"replay share      {s.get('replay_share', 0.0):.3f} of trained groups",
+            f"largest staleness {int(s.get('max_staleness', 0))} policy version(s)"
+            f" ({int(s.get('dropped_stale', 0))} stale group(s) dropped)"]
+
+
 def outcome_lines(summary: dict) -> list[str]:
     """What a user reads first, one line each: the decision, the registered version, each metric's change."""
     lines = [f"decision: {summary['decision']}",
@@ -88,10 +103,11 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
     metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
                         for m in summary.get("metrics", []))
     facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items()
-                      if k not in ("metrics", "reward_curve", "warnings"))
+                      if k not in ("metrics", "reward_curve", "warnings", "async_loop"))
     warnings = "".join(f"**Warning:** {line}\n\n" for line in summary.get("warnings", []))
     curve = summary.get("reward_curve")
     learning = curve_markdown(curve) if curve else "No reward was logged per step."
+    learning += "".join(f"\n\n{line}" for line in summary.get("async_loop", []))
     png = f"\n\nPNG: `{summary['reward_curve_png']}` (and `plots/reward_curve.png` of the MLflow run)" \
         if summary.get("reward_curve_png") else ""
     return (f"# verl-grpo run `{summary['run_id']}`\n\n"

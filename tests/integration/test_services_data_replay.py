@@ -90,7 +90,8 @@ def test_replay_buffer_restart_loses_nothing(backend, tmp_path, request):
             r = c.post("/add", json={"items": [{"data": {"step": i}, "reward": i / 10}]}, headers=AUTH)
             assert r.status_code == 200 and r.json()["ids"] == [i]
         before = c.get("/stats", headers=AUTH).json()
-    assert before == {"size": 5, "capacity": 5, "alpha": 1.0, "added_total": 7, "evicted_total": 2, "seq": 7}
+    assert before == {"size": 5, "capacity": 5, "alpha": 1.0, "added_total": 7, "evicted_total": 2,
+                      "retired_total": 0, "seq": 7}
     assert state.store.listdir(state.rel("segments")) == ["000000000007.json"]
     restored = _replay(state)
     assert restored.stats() == before
@@ -114,3 +115,31 @@ def test_replay_buffer_api(tmp_path):
         assert c.post("/add", json={"items": [{"data": 1, "reward": "high"}]}, headers=AUTH).status_code == 422
         assert c.post("/sample", json={"size": 0}, headers=AUTH).status_code == 422
         assert c.post("/add", json={"items": items}).status_code == 401
+
+
+def test_replay_buffer_retires_items_for_good_and_samples_distinct_ones(tmp_path):
+    state = service_state("replay-buffer", f"file://{tmp_path / 'store'}", run_id="run-1")
+    with TestClient(replay_app(_replay(state, capacity=10, every=3), "tok", 1 << 20)) as c:
+        items = [{"data": {"group": i}, "reward": float(i)} for i in range(4)]
+        assert c.post("/add", json={"items": items}, headers=AUTH).json()["ids"] == [0, 1, 2, 3]
+        drawn = c.post("/sample", json={"size": 10, "unique": True}, headers=AUTH).json()["items"]
+        assert sorted(d["id"] for d in drawn) == [0, 1, 2, 3]  # distinct, at most the buffer's size
+        assert c.post("/retire", json={"ids": [1, 3, 99]}, headers=AUTH).json() == {"retired": 2, "size": 2}
+        assert {d["id"] for d in c.post("/sample", json={"size": 50}, headers=AUTH).json()["items"]} <= {0, 2}
+        assert c.post("/retire", json={"ids": []}, headers=AUTH).status_code == 422
+    restored = _replay(state, capacity=10, every=3)  # the retire survives a restart (one compaction + segments)
+    assert sorted(restored.buffer.items) == [0, 2] and restored.stats()["retired_total"] == 2
+
+
+def test_replay_buffer_samples_by_policy_version_and_exclusion(tmp_path):
+    state = service_state("replay-buffer", f"file://{tmp_path / 'store'}", run_id="run-1")
+    with TestClient(replay_app(_replay(state, capacity=10, every=100), "tok", 1 << 20)) as c:
+        items = [{"data": {"group": i}, "reward": 0.0, "policy_version": i} for i in range(4)]
+        c.post("/add", json={"items": [*items, {"data": "unversioned", "reward": 0.0}]}, headers=AUTH)
+        body = {"size": 20, "unique": True, "min_policy_version": 1, "exclude_ids": [2]}
+        assert sorted(d["id"] for d in c.post("/sample", json=body, headers=AUTH).json()["items"]) == [1, 3]
+        assert c.post("/sample", json={"size": 5, "min_policy_version": 9}, headers=AUTH).json()["items"] == []
+    restored = _replay(state, capacity=10, every=100)  # versions survive a restart (add-log segment)
+    assert [e.version for e in restored.buffer.items.values()] == [0, 1, 2, 3, None]
+    restored._compact()  # and a snapshot
+    assert [e.version for e in _replay(state, capacity=10, every=100).buffer.items.values()] == [0, 1, 2, 3, None]

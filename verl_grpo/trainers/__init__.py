@@ -8,6 +8,7 @@ from verl_grpo.trainers.protocol import Trainer
 TRAINERS: dict[str, str] = {
     "trl": "verl_grpo.trainers.trl.backend:TrlTrainer",
     "verl": "verl_grpo.trainers.verl.backend:VerlTrainer",
+    "loop": "verl_grpo.trainers.loop.backend:LoopTrainer",
 }
 
 
