@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends
 from verl_grpo.errors import ConfigError
 from verl_grpo.services.http import (
     ERROR_RESPONSES,
+    SafeJSONResponse,
     ServiceError,
     cli_errors,
     create_app,
@@ -82,7 +83,7 @@ class RolloutRouter:
                                       timeout=httpx.Timeout(generate_timeout_s, connect=5.0))
         self.requests = 0
 
-    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+    async def generate(self, request: GenerateRequest) -> SafeJSONResponse:
         tried: set[str] = set()
         for _ in range(2):
             worker = choose_worker(self.workers, frozenset(tried))
@@ -100,7 +101,7 @@ class RolloutRouter:
         raise ServiceError(503, "no_healthy_worker", f"no healthy rollout worker answered (tried: "
                                                      f"{', '.join(sorted(tried)) or 'none'}); see GET /health")
 
-    async def _forward(self, worker: Worker, request: GenerateRequest) -> GenerateResponse:
+    async def _forward(self, worker: Worker, request: GenerateRequest) -> SafeJSONResponse:
         worker.in_flight += 1
         try:
             response = await self.http.post(f"{worker.url}/generate", json=request.model_dump())
@@ -112,10 +113,16 @@ class RolloutRouter:
             raise _WorkerFailed(f"HTTP {response.status_code}")
         if response.status_code >= 400:
             raise ServiceError(response.status_code, "worker_rejected", f"{worker.url}: {_message(response)}")
+        try:
+            body = response.json()
+            version = int(body["policy_version"])
+        except (ValueError, KeyError, TypeError):
+            raise _WorkerFailed("answer is not a /generate response") from None
         worker.requests += 1
-        body = GenerateResponse.model_validate(response.json())
-        worker.policy_version = body.policy_version
-        return body.model_copy(update={"worker": worker.url})
+        worker.policy_version = version
+        # Passed through as the worker wrote it (the server validated it): re-validating every token list costs
+        # the router CPU the servers need on a small machine.
+        return SafeJSONResponse({**body, "worker": worker.url})
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(w) for w in self.workers))
@@ -174,7 +181,7 @@ def build_app(router_state: RolloutRouter, token: str | None, max_body_bytes: in
     api = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
     @api.post("/generate", response_model=GenerateResponse)
-    async def generate(request: GenerateRequest) -> GenerateResponse:
+    async def generate(request: GenerateRequest) -> SafeJSONResponse:
         """A worker's answer (its URL in `worker`); retried once on another worker when the first fails."""
         return await router_state.generate(request)
 
