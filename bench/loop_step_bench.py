@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("-o", "--override", action="append", default=[])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="loop-bench-") as tmp:
         home = Path(tmp)
         loop_cfg, trl_cfg, store, dataset = _setup(home, args.steps, args.override)
@@ -133,7 +134,9 @@ def main() -> None:
             f"{time.strftime('%Y-%m-%d')}.\n\nSettings: {settings}.\n\n{table(loop, trl)}\n\n"
             "The loop's generation and scoring run in its producer thread and rollout servers while the trainer "
             "updates: `time/rollout_wait` is what the trainer waited for them; `time/generate` / `time/reward` are "
-            "their own seconds for the step's batch (overlapped, not added to the step).\n")
+            "their own seconds for the step's batch (overlapped, not added to the step).\n\n"
+            f"Load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores): other "
+            "processes on these cores slow both sides, and the loop's overlap needs spare cores to pay off.\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(body)
     print(body)
