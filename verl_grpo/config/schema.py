@@ -138,7 +138,7 @@ class WarmStartConfig(_Section):
     reuses it."""
 
     enabled: bool = False
-    """Run the SFT phase before GRPO (trainer.backend=trl)."""
+    """Run the SFT phase before GRPO (trainer.backend=trl or loop)."""
     steps: int = Field(40, ge=1)
     """Optimizer steps of the SFT phase."""
     batch_size: int = Field(4, ge=1)
@@ -598,9 +598,9 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _warm_start_backend(self) -> RunConfig:
-        if self.warm_start.enabled and self.trainer.backend != "trl":
-            raise ValueError("warm_start.enabled runs on trainer.backend=trl only (the verl backend has no SFT phase "
-                             "yet); set warm_start.enabled=false, or warm-start with the trl backend first and "
+        if self.warm_start.enabled and self.trainer.backend == "verl":
+            raise ValueError("warm_start.enabled runs on trainer.backend=trl or loop only (the verl backend has no SFT "
+                             "phase yet); set warm_start.enabled=false, or warm-start with the trl backend first and "
                              "name that run's model in model.name")
         return self
 

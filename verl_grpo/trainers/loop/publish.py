@@ -23,7 +23,8 @@ SUMMARY = SummaryNames(
 
 
 def publish(spec: WorkerSpec, checkpoints: CheckpointStore, metrics: MetricsLog, state: LoopState,
-            last_ref: CheckpointRef | None, final_dir: Path, servers: dict[str, int]) -> TrainResult:
+            last_ref: CheckpointRef | None, final_dir: Path, servers: dict[str, int],
+            warm_summary: dict[str, float] | None = None) -> TrainResult:
     store = spec.store
     retrying = checkpoints.retrying
     retrying("remove the previous model", lambda: store.rm(model_dir(spec.run_id)))
@@ -32,6 +33,7 @@ def publish(spec: WorkerSpec, checkpoints: CheckpointStore, metrics: MetricsLog,
     records = metrics.records()
     summary = summarize(records, SUMMARY)
     summary.update(loop_summary(state, records, servers))
+    summary.update(warm_summary or {})
     result = TrainResult(run_id=spec.run_id, final_step=state.step,
                          checkpoint=last_ref or checkpoints.latest_complete(spec.run_id), model_uri=model_uri,
                          metrics_uri=metrics_uri, summary=summary)

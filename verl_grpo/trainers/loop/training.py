@@ -93,13 +93,15 @@ def run(spec: WorkerSpec) -> TrainResult:
 
     if restored is None:
         metrics.reset()
-        state, start_model, optimizer_state, last_ref = LoopState(), _base_model(spec, resolve_model), None, None
+        state, optimizer_state, last_ref = LoopState(), None, None
+        start_model, warm_summary = _warm_started(spec, _base_model(spec, resolve_model))
     else:
         last_ref, step_dir = restored
         metrics.reset(step_dir / METRICS_FILE, upto_step=last_ref.step)
         state = LoopState.from_json(json.loads((step_dir / STATE_FILE).read_text()))
         start_model = step_dir / MODEL_SUBDIR
         optimizer_state = torch.load(step_dir / OPTIMIZER_FILE, weights_only=True)
+        warm_summary = _committed_warm_start(spec)
         say(f"resuming run {spec.run_id} from checkpoint step {last_ref.step} ({last_ref.uri}): policy version "
             f"{state.policy_version}, data cursor {state.cursor[0]}:{state.cursor[1]}")
     model, tokenizer = load_model_and_tokenizer(start_model, cfg.model.dtype)
@@ -117,11 +119,33 @@ def run(spec: WorkerSpec) -> TrainResult:
         say(f"run {spec.run_id} already reached step {state.step}; publishing that checkpoint")
     model.save_pretrained(final_dir, safe_serialization=True)
     tokenizer.save_pretrained(final_dir)
-    return publish(spec, checkpoints, metrics, state, last_ref, final_dir, servers)
+    return publish(spec, checkpoints, metrics, state, last_ref, final_dir, servers, warm_summary)
 
 
 def _base_model(spec: WorkerSpec, resolve_model) -> Path | str:
     return spec.model_path if spec.model_path and Path(spec.model_path).is_dir() else resolve_model(spec.model_name)
+
+
+def _warm_started(spec: WorkerSpec, base_model: Path | str) -> tuple[Path | str, dict[str, float]]:
+    """The model the loop starts from: the warm start's (the same SFT phase, store commit and reuse as the trl
+    backend's) when warm_start is enabled, else the base model."""
+    if not spec.cfg.warm_start.enabled:
+        return base_model, {}
+    from verl_grpo.trainers.trl.callbacks import Termination
+    from verl_grpo.trainers.trl.warm_start import warm_started_model
+
+    warm_model, summary = warm_started_model(spec, base_model, Termination())
+    return warm_model or base_model, summary
+
+
+def _committed_warm_start(spec: WorkerSpec) -> dict[str, float]:
+    """A resumed run's warm-start figures (its weights come from the checkpoint)."""
+    if not spec.cfg.warm_start.enabled:
+        return {}
+    from verl_grpo.trainers.trl.warm_start import committed_result, summary_of
+
+    result = committed_result(spec)
+    return summary_of(result) if result else {}
 
 
 class Loop:
