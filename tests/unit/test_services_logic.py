@@ -98,7 +98,6 @@ def test_services_config_accepts_a_bare_list_and_rejects_unknown_names(tmp_path)
 def test_the_skypilot_job_group_runs_the_services_table():
     assert [s.task for s in templates.JOB_GROUP_SERVICES] == ["data-server", "reward-server", "retrieval-server"]
     assert all(SERVICES[s.name] is s for s in templates.JOB_GROUP_SERVICES)
-    assert templates.REPLAY_BUFFER is SERVICES["replay"]
     assert SERVICES["reward"].url_env == "VERL_GRPO_REWARD_SERVER_URL"
     assert SERVICES["replay"].url_env == "VERL_GRPO_REPLAY_BUFFER_URL"
 
