@@ -440,6 +440,9 @@ class RetrievalServerConfig(_Section):
     """Largest top_k a request may ask for."""
     max_queries: int = Field(256, ge=1)
     """Largest number of queries in one POST /retrieve."""
+    max_tool_turns: int = Field(2, ge=1)
+    """`search` calls a rollout may make, each answered before the model goes on (verl's
+    multi_turn.max_user_turns; TRL's max_tool_calling_iterations)."""
 
 
 class ReplayBufferConfig(_Section):
