@@ -23,7 +23,7 @@ from verl_grpo.data.schema import SEARCH_TOOL
 from verl_grpo.data.warm_start import respond
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-MAX_REASONING_CHARS = 300
+MAX_REASONING_CHARS = 160
 
 
 @dataclass(frozen=True)
