@@ -36,7 +36,8 @@ def test_search_calls_reach_the_retrieval_server_and_the_call_rate_is_tracked(ti
         *tiny_overrides,
         "services.enabled=[retrieval]", "services.termination_delay_s=0", "services.retrieval.index_kind=flat",
         f"services.retrieval.corpus={_demo_corpus(tmp_path)}", "services.retrieval.max_tool_turns=1",
-        "algorithm.total_steps=2", "algorithm.max_response_length=48",
+        "algorithm.total_steps=2", "algorithm.max_response_length=96",  # the call is 59 tiny-BPE tokens
+        "algorithm.temperature=0.3",  # the tiny model's call JSON survives sampling at a low temperature
         "warm_start.enabled=true", "warm_start.search_share=1.0", "warm_start.steps=200", "warm_start.batch_size=4",
         "warm_start.lr=3e-3", "eval.limit=4",
     ]

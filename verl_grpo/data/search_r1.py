@@ -4,8 +4,8 @@ One trajectory is a question, a `search` call, the passage the call returns (ren
 retrieval hits) and the answer in the response format the rewards score. It becomes two SFT examples, one per
 assistant turn, so the loss falls only on what the model says (never on the tool's text):
 
-    prompt  [system, user: question]                                   → assistant: search(query=<article title>)
-    prompt  [system, user, assistant: search(...), tool: Doc 1(...)]   → assistant: <think>…</think><answer>…</answer>
+    [system, user: question]                                  → assistant: search(query=<article title>)
+    [system, user, assistant: search(...), tool: Doc 1(...)]  → assistant: <think>…</think><answer>…</answer>
 
 The query is the paragraph's article title (Search-R1's queries are short entity look-ups; the title finds the
 article's paragraphs in the index); the reasoning quotes the passage's sentence that holds the answer span.
