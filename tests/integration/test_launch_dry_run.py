@@ -63,3 +63,15 @@ def test_every_failing_check_is_reported_at_once(tmp_path, monkeypatch):
             "infra.accelerators 'H10:1' is not offered"]
     assert len(problems) == len(keys) and all(key in line for key, line in zip(keys, problems)), problems
     assert FAKE_SECRET not in result.stderr and "'short'" not in result.stderr
+
+
+def test_use_retrieval_dry_run_checks_verls_tool_loop_and_loads_the_search_tool(tmp_path):
+    """The seeds' USE_RETRIEVAL on the job group: the rendered overrides select verl's tool_agent loop, and the dry
+    run says it composed them and loaded the tool through verl's registry."""
+    done = _launch(tmp_path, "-o", "storage.uri=s3://bucket/prefix", "-o", "skypilot.shape=job_group",
+                   USE_RETRIEVAL="true", AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent" in out
+    assert "agent loop 'tool_agent' is registered in verl and is the rollout's default" in out
+    assert "tool config infra/verl/search_tool.yaml loads with verl's tool registry: search" in out
