@@ -80,3 +80,15 @@ def test_rollout_group_renders_and_validates_verls_fully_async_entry_offline(tmp
     assert "router" not in out and "VERL_GRPO_ROLLOUT_URL" not in out and "vllm serve" not in out
     assert "training state on the trainer GPUs" in out  # rollout replicas are not colocated with training
     assert "verl-trainer: 2 x H100:1" in out
+
+
+def test_use_retrieval_dry_run_checks_verls_tool_loop_and_loads_the_search_tool(tmp_path):
+    """The seeds' USE_RETRIEVAL on the job group: the rendered overrides select verl's tool_agent loop, and the dry
+    run says it composed them and loaded the tool through verl's registry."""
+    done = _launch(tmp_path, "-o", "storage.uri=s3://bucket/prefix", "-o", "skypilot.shape=job_group",
+                   USE_RETRIEVAL="true", AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent" in out
+    assert "agent loop 'tool_agent' is registered in verl and is the rollout's default" in out
+    assert "tool config infra/verl/search_tool.yaml loads with verl's tool registry: search" in out

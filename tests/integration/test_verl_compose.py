@@ -87,3 +87,26 @@ def test_unloadable_reward_module_fails():
     overrides = _overrides() + ["reward.custom_reward_function.path=pkg://verl_grpo.no_such_rewards"]
     with pytest.raises(ConfigError, match="no_such_rewards"):
         validate_verl_overrides(overrides, check_reward=True)
+
+
+def test_retrieval_composes_verls_tool_loop_and_loads_the_search_tool():
+    """The dry run's check: the composed config runs `tool_agent` (not single_turn_agent) and the tool config's class
+    imports and loads through verl's own tool registry."""
+    overrides = _overrides("services.enabled=[retrieval]")
+    config = compose_verl_config(overrides)
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.agent.default_agent_loop == "tool_agent" and rollout.multi_turn.enable
+    assert config.data.return_raw_chat and config.data.tool_config_path == "infra/verl/search_tool.yaml"
+    checks = validate_verl_overrides(overrides, check_reward=False).checks
+    assert "agent loop 'tool_agent' is registered in verl and is the rollout's default" in checks
+    assert any(c.startswith("tool config infra/verl/search_tool.yaml loads with verl's tool registry: search")
+               for c in checks)
+
+
+def test_multi_turn_without_the_tool_loop_fails_the_dry_run():
+    """The state the issue found: multi_turn.enable with verl's default single_turn_agent never calls a tool."""
+    with pytest.raises(ConfigError, match="single_turn_agent, which never calls a tool"):
+        validate_verl_overrides(_overrides(
+            "services.enabled=[retrieval]",
+            "verl.extra_overrides=[actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent]"),
+            check_reward=False)

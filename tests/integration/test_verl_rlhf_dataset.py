@@ -64,3 +64,26 @@ def test_rlhf_dataset_loads_prepared_gsm8k(prepared, tmp_path):
     assert [r["ground_truth"] for r in batch["reward_model"]] == [
         r["ground_truth"] for r in expected["reward_model"][:8]
     ]
+
+
+def test_rlhf_dataset_hands_tool_rows_to_verls_tool_loop(tiny_model_dir, data_mirror, tmp_path):
+    """With retrieval on, verl's RLHFDataset yields `agent_name` (the loop AgentLoopManager runs per row) and the
+    search tool's `tools_kwargs`, in a dataset version of its own."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_grpo.config.schema import ServicesConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    store = Store(f"file://{tmp_path / 'store'}")
+    plain = prepare_dataset(RunConfig(dataset=DatasetConfig(name="gsm8k")), store)
+    with_tools = RunConfig(dataset=DatasetConfig(name="gsm8k"), services=ServicesConfig(enabled=["retrieval"]))
+    tools = prepare_dataset(with_tools, store)
+    assert tools.hash != plain.hash
+    config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 1024, "filter_overlong_prompts": False,
+                               "return_raw_chat": True, "cache_dir": str(tmp_path / "verl-cache")})
+    item = RLHFDataset(strip_scheme(tools.splits["train"]), tokenizer, config, max_samples=4)[0]
+    assert item["agent_name"] == "tool_agent"
+    assert item["tools_kwargs"] == {"search": {"create_kwargs": {"data_source": "gsm8k"}}}
+    assert "agent_name" not in RLHFDataset(strip_scheme(plain.splits["train"]), tokenizer, config, max_samples=4)[0]

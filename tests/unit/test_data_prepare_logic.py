@@ -89,3 +89,27 @@ def test_tokenizer_without_chat_template_is_a_config_error():
     with pytest.raises(ConfigError, match="no chat template"):
         prompt_token_counts(plain, [[{"role": "user", "content": "x"}]])
     assert prompt_token_counts(SimpleNamespace(chat_template=None), []) == []
+
+
+def test_rows_name_verls_tool_loop_and_search_kwargs_only_with_retrieval():
+    """verl's AgentLoopManager picks the loop by a row's `agent_name`; RLHFDataset hands extra_info.tools_kwargs to
+    the tool loop. Without the retrieval-server the rows (and so the dataset hashes) stay as they were."""
+    import pyarrow as pa
+
+    from verl_grpo.data.schema import row_schema
+
+    records = [_gsm(i, "train") for i in range(4)] + [_gsm(0, "test")]
+    tool_cfg = RunConfig(dataset=DatasetConfig(name="gsm8k", val_size=1), services=["retrieval"])
+    built = build_rows(BUILDERS["gsm8k"], records, "SYS", "{question}", tool_cfg)
+    row = built.splits["train"][0]
+    assert row["agent_name"] == "tool_agent"
+    assert row["extra_info"]["tools_kwargs"] == {"search": {"create_kwargs": {"data_source": "gsm8k"}}}
+    schema = row_schema(BUILDERS["gsm8k"].extra_fields, tool_agent=True)
+    table = pa.Table.from_pylist(built.splits["train"], schema=schema)  # the parquet types hold these rows
+    assert table.to_pylist()[0]["extra_info"]["tools_kwargs"] == row["extra_info"]["tools_kwargs"]
+
+    plain = build_rows(BUILDERS["gsm8k"], records, "SYS", "{question}",
+                       RunConfig(dataset=DatasetConfig(name="gsm8k", val_size=1)))
+    assert "agent_name" not in plain.splits["train"][0]
+    assert "tools_kwargs" not in plain.splits["train"][0]["extra_info"]
+    assert "agent_name" not in row_schema(BUILDERS["gsm8k"].extra_fields).names

@@ -112,6 +112,32 @@ def test_services_switch_reward_and_tools():
     assert run_paths(plain, "/ckpt") == VerlPaths(checkpoint_dir="/ckpt")
 
 
+def test_retrieval_selects_verls_tool_loop_with_the_search_tool():
+    """multi_turn.enable alone leaves verl on single_turn_agent; the tool loop, its tool config, raw chat prompts and
+    the tool-turn bound come with it."""
+    on = _as_dict(verl_overrides(_cfg("services.enabled=[retrieval]", "services.retrieval.max_tool_turns=3"),
+                                 FILES, PATHS, "r1"))
+    rollout = "actor_rollout_ref.rollout"
+    assert on[f"{rollout}.agent.default_agent_loop"] == "tool_agent"
+    assert on[f"{rollout}.multi_turn.tool_config_path"] == "infra/verl/search_tool.yaml"
+    assert on[f"{rollout}.multi_turn.max_user_turns"] == "3"
+    assert on["data.return_raw_chat"] == "True"
+    off = _as_dict(verl_overrides(_cfg(), FILES, PATHS, "r1"))
+    assert not any(k.startswith((f"{rollout}.multi_turn", f"{rollout}.agent")) or k == "data.return_raw_chat"
+                   for k in off)
+
+
+def test_use_retrieval_knob_switches_the_tool_loop():
+    from verl_grpo.config import load_config as load
+
+    base = ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"]
+    assert "retrieval" in load([], base, env={"USE_RETRIEVAL": "true"}).services.enabled
+    on = verl_overrides(load([], base, env={"USE_RETRIEVAL": "true"}), FILES, PATHS, "r1")
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent" in on
+    off = verl_overrides(load([], base, env={"USE_RETRIEVAL": "false"}), FILES, PATHS, "r1")
+    assert not any("agent_loop" in o for o in off)
+
+
 def test_project_name_is_the_wandb_project_wandb_accepts():
     """verl passes trainer.project_name to wandb.init(project=...), whose validator rejects `/`."""
     from wandb.sdk.wandb_settings import Settings

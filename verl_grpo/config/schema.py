@@ -148,6 +148,10 @@ class WarmStartConfig(_Section):
     max_response_tokens: int | None = Field(None, ge=8)
     """Keep only solutions whose rewritten response fits in this many tokens; None: algorithm.max_response_length
     (a model taught long answers would be truncated in its rollouts)."""
+    search_share: float = Field(0.5, ge=0, le=1)
+    """With the search tool (`retrieval` in services.enabled): share of the examples that are Search-R1 trajectories
+    over the retrieval corpus (a `search` call for a question, then the answer from the passage it returns); the
+    rest are the train split's solutions. A small model emits no tool call it was never shown."""
 
 
 class TrainerConfig(_Section):
@@ -487,6 +491,9 @@ class RetrievalServerConfig(_ServiceSection):
     """vCPUs of each retrieval-server node on a SkyPilot job group (the seed's: 16+; query embedding runs on them)."""
     memory: str = "64+"
     """Memory in GiB of each retrieval-server node on a SkyPilot job group (the seed's: 64+)."""
+    max_tool_turns: int = Field(2, ge=1)
+    """`search` calls a rollout may make, each answered before the model goes on (verl's
+    multi_turn.max_user_turns; TRL's max_tool_calling_iterations)."""
 
 
 class ReplayBufferConfig(_ServiceSection):

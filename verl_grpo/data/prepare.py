@@ -31,6 +31,7 @@ from verl_grpo.data.schema import (
     BUILDER_VERSION,
     OUTPUT_SPLITS,
     REJECTED_SCHEMA,
+    TOOL_AGENT,
     Problem,
     RawRecord,
     Reason,
@@ -77,6 +78,8 @@ def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> Data
         "tokenizer": tokenizer_name(tokenizer),
         "chat_template_sha256": _chat_template_sha(tokenizer),
     }
+    if uses_tool_agent(cfg):
+        settings["agent_name"] = TOOL_AGENT  # only then: the hashes of tool-free datasets stay as they were
     full_hash = dataset_hash(source.fingerprint, settings)
     digest = full_hash[:HASH_CHARS]
     rel = dataset_dir(dcfg.name, digest)
@@ -89,7 +92,7 @@ def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> Data
         return version_from_manifest(store, rel, manifest)
 
     built = build_rows(builder, source.read_records(), system_prompt, dcfg.user_template, cfg, tokenizer)
-    manifest = _write_version(store, rel, builder, built, source, settings, full_hash, started)
+    manifest = _write_version(store, rel, builder, built, source, settings, full_hash, started, uses_tool_agent(cfg))
     return version_from_manifest(store, rel, manifest)
 
 
@@ -102,9 +105,10 @@ def _write_version(
     settings: dict[str, Any],
     full_hash: str,
     started: float,
+    tool_agent: bool = False,
 ) -> dict[str, Any]:
     """Upload every parquet file, then the manifest (last: its presence marks the version complete)."""
-    schema = row_schema(builder.extra_fields)
+    schema = row_schema(builder.extra_fields, tool_agent)
     with tempfile.TemporaryDirectory(prefix="verl-grpo-data-") as tmp:
         for split, rows in built.splits.items():
             _write_parquet(store, Path(tmp), rel, f"{split}.parquet", pa.Table.from_pylist(rows, schema=schema))
@@ -222,10 +226,16 @@ def build_rows(
         grouped["train"], grouped["val"] = carve_validation(grouped["train"], cfg.dataset.val_size, cfg.dataset.seed)
 
     splits = {
-        split: [verl_row(builder.name, builder.ability, m, p, split, i) for i, (p, m) in enumerate(items)]
+        split: [verl_row(builder.name, builder.ability, m, p, split, i, uses_tool_agent(cfg))
+                for i, (p, m) in enumerate(items)]
         for split, items in grouped.items()
     }
     return BuiltRows(splits, rejected, length_check)
+
+
+def uses_tool_agent(cfg: RunConfig) -> bool:
+    """Rows name verl's tool loop (and the search tool's kwargs) when the run has the retrieval-server."""
+    return "retrieval" in cfg.services.enabled
 
 
 def carve_validation(train: list, val_size: int, seed: int) -> tuple[list, list]:

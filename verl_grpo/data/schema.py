@@ -8,6 +8,11 @@ A prepared parquet row is exactly what verl's `RLHFDataset` and reward manager e
     ability       str                      "math" | "code"
     reward_model  {style: "rule", ground_truth: str}
     extra_info    struct                   split, index, uid + the dataset's raw fields (fixed per dataset)
+
+With the Search-R1 tool on (`retrieval` in services.enabled), rows also carry what verl's tool loop reads:
+
+    agent_name                str          "tool_agent" (verl's AgentLoopManager picks the loop per row by it)
+    extra_info.tools_kwargs   struct       {search: {create_kwargs: {data_source}}} (passed to the tool's create)
 """
 
 from __future__ import annotations
@@ -102,31 +107,43 @@ REJECTED_SCHEMA = pa.schema(
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 COMMON_EXTRA = [("split", pa.string()), ("index", pa.int64()), ("uid", pa.string())]
+TOOL_AGENT = "tool_agent"
+"""verl's multi-turn tool loop (`verl.experimental.agent_loop.tool_agent_loop`), by its registered name."""
+SEARCH_TOOL = "search"
+"""The tool's name in infra/verl/search_tool.yaml (and the TRL tool function's name)."""
+TOOLS_KWARGS = pa.struct([(SEARCH_TOOL, pa.struct([("create_kwargs", pa.struct([("data_source", pa.string())]))]))])
 
 
-def row_schema(extra_fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
+def row_schema(extra_fields: list[tuple[str, pa.DataType]], tool_agent: bool = False) -> pa.Schema:
     """The parquet schema of one dataset: fixed so every split (even an empty one) has the same types."""
+    extra = COMMON_EXTRA + list(extra_fields) + ([("tools_kwargs", TOOLS_KWARGS)] if tool_agent else [])
     return pa.schema(
         [
             ("data_source", pa.string()),
             ("prompt", pa.list_(MESSAGE)),
             ("ability", pa.string()),
             ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-            ("extra_info", pa.struct(COMMON_EXTRA + list(extra_fields))),
+            ("extra_info", pa.struct(extra)),
+            *([("agent_name", pa.string())] if tool_agent else []),
         ]
     )
 
 
 def verl_row(
-    data_source: str, ability: str, messages: list[dict[str, str]], problem: Problem, split: str, index: int
+    data_source: str, ability: str, messages: list[dict[str, str]], problem: Problem, split: str, index: int,
+    tool_agent: bool = False,
 ) -> dict[str, Any]:
-    return {
+    row = {
         "data_source": data_source,
         "prompt": messages,
         "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": problem.ground_truth},
         "extra_info": {"split": split, "index": index, "uid": problem.uid, **problem.extra},
     }
+    if tool_agent:
+        row["extra_info"]["tools_kwargs"] = {SEARCH_TOOL: {"create_kwargs": {"data_source": data_source}}}
+        row["agent_name"] = TOOL_AGENT
+    return row
 
 
 def non_empty_str(data: dict[str, Any], key: str, reason: Reason) -> str:

@@ -42,6 +42,8 @@ class Passage:
 class Question:
     question: str
     passage_id: str
+    answer: str = ""
+    """The first reference answer (a span of the passage)."""
 
 
 def default_corpus() -> Path:
@@ -68,10 +70,15 @@ def load_squad(path: str | Path | None = None, limit: int | None = None) -> tupl
                 return passages, questions
             pid = f"{a}-{p}"
             passages.append(Passage(pid, str(article.get("title", "")).replace("_", " "), para["context"]))
-            questions += [Question(q["question"], pid) for q in para.get("qas", [])]
+            questions += [Question(q["question"], pid, _first_answer(q)) for q in para.get("qas", [])]
     if not passages:
         raise DataError(f"corpus {path} has no paragraphs")
     return passages, questions
+
+
+def _first_answer(qa: dict) -> str:
+    answers = qa.get("answers") or []
+    return str(answers[0].get("text", "")) if answers and isinstance(answers[0], dict) else ""
 
 
 class Embedder:

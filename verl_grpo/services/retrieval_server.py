@@ -98,7 +98,12 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
         for i, q in enumerate(request.queries):
             if not q.strip() or len(q) > MAX_QUERY_CHARS:
                 raise ServiceError(422, "invalid_query", f"queries[{i}] must be 1..{MAX_QUERY_CHARS} non-blank characters")
-        return RetrieveResponse(results=retriever.retrieve(request.queries, k))
+        results = retriever.retrieve(request.queries, k)
+        # One line per call: the search tool's traffic, readable in the service log (query cut to 80 characters).
+        logger.info("search: %d quer%s, top_k=%d, first %r -> %s", len(request.queries),
+                    "y" if len(request.queries) == 1 else "ies", k, request.queries[0][:80],
+                    results[0][0].title if results[0] else "no hit")
+        return RetrieveResponse(results=results)
 
     app.include_router(router)
     return app

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from verl_grpo.config import ENV_KNOBS, RunConfig
-from verl_grpo.trainers.verl.overrides import SEARCH_TOOL_CONFIG
+from verl_grpo.trainers.verl.overrides import tool_overrides
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -38,8 +38,6 @@ KNOB_OF_OVERRIDE: dict[str, str] = {
     "trainer.total_epochs": "TOTAL_EPOCHS",
 }
 """main_ppo override key → the env knob whose value it takes in the rendered run script."""
-RETRIEVAL_KEYS = (f"{ROLLOUT}.multi_turn.enable", f"{ROLLOUT}.multi_turn.tool_config_path")
-"""The overrides USE_RETRIEVAL switches on (verl's search tool backed by the retrieval-server)."""
 OPTIONAL_KNOBS = ("TOTAL_EPOCHS",)
 """Knobs rendered only when the run sets them (SkyPilot envs hold no None); `--env` adds them."""
 
@@ -71,10 +69,12 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
     envs: dict[str, str] = {"DATASET": cfg.dataset.name, **(defaults or {})}
     extras = len(cfg.verl.extra_overrides)
     head, tail = list(command[:len(command) - extras]), list(command[len(command) - extras:])
+    retrieval = tool_overrides(cfg)  # what USE_RETRIEVAL switches on: verl's tool loop with the search tool
+    retrieval_keys = {o.partition("=")[0] for o in retrieval}
     args: list[str] = []
     for arg in head:
         key, sep, value = arg.partition("=")
-        if sep and key in RETRIEVAL_KEYS:
+        if sep and key in retrieval_keys:
             continue  # $RETRIEVAL_OVERRIDES below
         if sep and key in derived:
             args.append(f'{key}="$(({derived[key]}))"')
@@ -94,15 +94,15 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
     order = [*ENV_KNOBS, "USE_RETRIEVAL"]
     return KnobTask(
         envs={k: envs[k] for k in sorted(envs, key=order.index)},
-        prelude=_prelude(envs, retrieval_available),
+        prelude=_prelude(envs, retrieval if retrieval_available else None),
         train_command=" ".join([*args, *optional, "$RETRIEVAL_OVERRIDES", *map(shlex.quote, tail)]),
         train_batch='"$TRAIN_BATCH_SIZE"',
     )
 
 
-def _prelude(envs: dict[str, str], retrieval_available: bool) -> list[str]:
+def _prelude(envs: dict[str, str], retrieval: list[str] | None) -> list[str]:
+    """`retrieval`: the overrides USE_RETRIEVAL=true adds; None when the task runs no retrieval-server."""
     dataset, model, lr, batch = (shlex.quote(envs[k]) for k in ("DATASET", "MODEL_NAME", "LR", "TRAIN_BATCH_SIZE"))
-    retrieval = " ".join(f"{key}={value}" for key, value in zip(RETRIEVAL_KEYS, ("True", SEARCH_TOOL_CONFIG)))
     no_retrieval = ("echo \"USE_RETRIEVAL=$USE_RETRIEVAL: this task runs no retrieval-server; render one with "
                     "services.enabled including retrieval (skypilot.shape=job_group)\" >&2; exit 1")
     return [
@@ -126,7 +126,7 @@ def _prelude(envs: dict[str, str], retrieval_available: bool) -> list[str]:
         "  TRAIN_BATCH_SIZE=$((BATCH_SIZE * GRAD_ACCUM))",
         "fi",
         'case "$USE_RETRIEVAL" in',
-        f"  true|True|1) {'RETRIEVAL_OVERRIDES=' + shlex.quote(retrieval) if retrieval_available else no_retrieval} ;;",
+        f"  true|True|1) {'RETRIEVAL_OVERRIDES=' + shlex.quote(' '.join(retrieval)) if retrieval else no_retrieval} ;;",
         '  false|False|0) RETRIEVAL_OVERRIDES="" ;;',
         '  *) echo "USE_RETRIEVAL=$USE_RETRIEVAL is not true/false" >&2; exit 1 ;;',
         "esac",

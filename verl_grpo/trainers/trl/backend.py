@@ -149,6 +149,8 @@ def grpo_args(
         "dataloader_num_workers": 0,
         "remove_unused_columns": False,
     }
+    if "retrieval" in cfg.services.enabled:  # the search tool: TRL runs the multi-turn rollouts
+        kwargs["max_tool_calling_iterations"] = cfg.services.retrieval.max_tool_turns
     try:
         return GRPOConfig(**kwargs)
     except ValueError as e:

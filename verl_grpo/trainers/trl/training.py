@@ -38,6 +38,7 @@ from verl_grpo.trainers.trl.backend import batch_layout, grpo_args
 from verl_grpo.trainers.trl.callbacks import MetricsLog, StoreCallback, Termination, say
 from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
 from verl_grpo.trainers.trl.spec import WorkerSpec
+from verl_grpo.trainers.trl.tools import tool_functions, with_tool_template
 from verl_grpo.trainers.trl.warm_start import committed_result, summary_of, warm_started_model
 
 TRAIN_COLUMNS = ("prompt", "data_source", "reward_model", "extra_info")
@@ -179,6 +180,10 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     from verl_grpo.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(start_model, cfg.model.dtype)
+    tools = tool_functions(cfg)
+    if tools:
+        tokenizer = with_tool_template(tokenizer, cfg.model.name)
+        say(f"tools: {', '.join(t.__name__ for t in tools)} (multi-turn rollouts; each call asks the retrieval-server)")
     total_steps = planned_steps(spec)
     args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights), total_steps=total_steps)
     consumed: list = []
@@ -189,7 +194,8 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
         no_signal=NoSignalWatch.from_config(cfg),
     )
     trainer = RecordingGRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
-                                   train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback])
+                                   train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback],
+                                   tools=tools or None)
     trainer.consumed_prompts = consumed
     trainer.remove_callback(PrinterCallback)  # our progress line replaces HF's dict dump
     try:

@@ -60,12 +60,16 @@ def summary_of(result: dict[str, Any]) -> dict[str, float]:
     return {f"warm_start_{k}": float(result[k]) for k in ("steps", "examples", "first_loss", "final_loss", "seconds")}
 
 
-def examples_for(spec: WorkerSpec, tokenizer) -> list[SftExample]:
-    """steps × batch_size train solutions (seeded order) that fit the response budget and score full marks."""
+def examples_for(spec: WorkerSpec, tokenizer, count: int | None = None) -> list[SftExample]:
+    """`count` (default steps × batch_size) train solutions (seeded order) that fit the response budget and score
+    full marks."""
     from verl_grpo.data.prepare import load_split
     from verl_grpo.rewards.scoring import compute_scores
 
     cfg = spec.cfg
+    count = cfg.warm_start.steps * cfg.warm_start.batch_size if count is None else count
+    if count == 0:
+        return []
     budget = cfg.warm_start.max_response_tokens or cfg.algorithm.max_response_length
     rows = load_split(spec.dataset, "train", spec.store).to_dict("records")
     random.Random(cfg.algorithm.seed).shuffle(rows)
@@ -73,9 +77,48 @@ def examples_for(spec: WorkerSpec, tokenizer) -> list[SftExample]:
         row["prompt"] = [dict(m) for m in row["prompt"]]
     eos = 1  # the chat template's end-of-turn token closes every response
     return select_examples(
-        cfg.dataset.name, rows, cfg.warm_start.steps * cfg.warm_start.batch_size,
+        cfg.dataset.name, rows, count,
         fits=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]) + eos <= budget,
         score=lambda texts, truths: compute_scores(cfg.dataset.name, texts, truths))
+
+
+def sft_rows(spec: WorkerSpec, tokenizer) -> tuple[list[dict[str, Any]], str]:
+    """The SFT dataset (prompt/completion chat rows, seeded order). With the search tool, `warm_start.search_share`
+    of them are Search-R1 trajectories over the retrieval corpus, and every row carries the tool list, so the
+    prompts render as GRPO's rollouts see them (the tokenizer gets a tool-calling template first). Also what the
+    rows are, in words."""
+    from verl_grpo.trainers.trl.tools import tool_functions, tool_schemas, with_tool_template
+
+    cfg, ws = spec.cfg, spec.cfg.warm_start
+    total = ws.steps * ws.batch_size
+    tools = tool_functions(cfg)
+    searches = round(total * ws.search_share) if tools else 0
+    examples = examples_for(spec, tokenizer, total - searches)
+    rows: list[dict[str, Any]] = [{"prompt": ex.prompt, "completion": [{"role": "assistant", "content": ex.response}]}
+                                  for ex in examples]
+    if tools:
+        with_tool_template(tokenizer, cfg.model.name)
+        trajectories = search_examples(spec, searches)
+        rows += [{"prompt": ex.prompt, "completion": [ex.completion]} for ex in trajectories]
+        random.Random(cfg.algorithm.seed).shuffle(rows)
+        schemas = tool_schemas(tools)
+        rows = [{**row, "tools": schemas} for row in rows]
+        return rows, (f"{len(examples)} rewritten {cfg.dataset.name} train solutions + {len(trajectories)} "
+                      "Search-R1 turns over the retrieval corpus")
+    return rows, f"{len(examples)} rewritten {cfg.dataset.name} train solutions"
+
+
+def search_examples(spec: WorkerSpec, count: int):
+    """Search-R1 turns from the retrieval-server's corpus (services.retrieval.corpus), with the run's system prompt."""
+    from verl_grpo.data.search_r1 import trajectories
+    from verl_grpo.formats import default_system_prompt
+    from verl_grpo.services.retrieval_index import load_squad
+    from verl_grpo.services.search_tool import format_passages
+
+    cfg = spec.cfg
+    passages, questions = load_squad(cfg.services.retrieval.corpus)
+    system = default_system_prompt(cfg.dataset.name) if cfg.dataset.system_prompt is None else cfg.dataset.system_prompt
+    return trajectories(passages, questions, count, system, format_passages, seed=cfg.algorithm.seed)
 
 
 class _Lines(TrainerCallback):
@@ -109,17 +152,17 @@ def train_warm_start(spec: WorkerSpec, base_model: Path | str, local: Path) -> d
     cfg, ws = spec.cfg, spec.cfg.warm_start
     started = time.perf_counter()
     model, tokenizer = load_model_and_tokenizer(base_model, cfg.model.dtype)
-    examples = examples_for(spec, tokenizer)
-    steps = min(ws.steps, -(-len(examples) // ws.batch_size))
-    say(f"{LINE_PREFIX}: {steps} SFT steps on {len(examples)} rewritten {cfg.dataset.name} train solutions "
-        f"(lr {ws.lr:g}, {ws.batch_size} per step)")
-    dataset = Dataset.from_list([{"prompt": ex.prompt, "completion": [{"role": "assistant", "content": ex.response}]}
-                                 for ex in examples])
+    rows, described = sft_rows(spec, tokenizer)
+    steps = min(ws.steps, -(-len(rows) // ws.batch_size))
+    say(f"{LINE_PREFIX}: {steps} SFT steps on {described} (lr {ws.lr:g}, {ws.batch_size} per step)")
+    dataset = Dataset.from_list(rows)
     budget = ws.max_response_tokens or cfg.algorithm.max_response_length
     args = SFTConfig(
         output_dir=str(local / "trainer"), max_steps=steps, per_device_train_batch_size=ws.batch_size,
         gradient_accumulation_steps=1, learning_rate=ws.lr, lr_scheduler_type="constant", warmup_steps=0,
-        seed=cfg.algorithm.seed, data_seed=cfg.algorithm.seed, max_length=cfg.algorithm.max_prompt_length + budget,
+        seed=cfg.algorithm.seed, data_seed=cfg.algorithm.seed,
+        # A Search-R1 answer turn's prompt holds the retrieved passage: no cut that could drop the answer after it.
+        max_length=None if rows and "tools" in rows[0] else cfg.algorithm.max_prompt_length + budget,
         completion_only_loss=True, packing=False, logging_strategy="steps", logging_steps=1, save_strategy="no",
         report_to=[], disable_tqdm=True, use_cpu=not _cuda(), bf16=False, fp16=False, dataloader_num_workers=0,
     )
@@ -132,7 +175,7 @@ def train_warm_start(spec: WorkerSpec, base_model: Path | str, local: Path) -> d
     tokenizer.save_pretrained(str(local / "model"))
     losses = [r["loss"] for r in lines.records] or [float("nan")]
     window = max(1, min(LOSS_WINDOW, len(losses) // 2))  # one batch's loss is noisy; compare the ends' means
-    result = {"steps": steps, "examples": len(examples), "first_loss": sum(losses[:window]) / window,
+    result = {"steps": steps, "examples": len(rows), "first_loss": sum(losses[:window]) / window,
               "final_loss": sum(losses[-window:]) / window,
               "seconds": time.perf_counter() - started, "lr": ws.lr, "batch_size": ws.batch_size,
               "max_response_tokens": budget}

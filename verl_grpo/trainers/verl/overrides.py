@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
+from verl_grpo.data.schema import TOOL_AGENT
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
@@ -157,7 +158,7 @@ def verl_overrides(
         out.append(f"trainer.total_epochs={a.total_epochs}")
     out += _strategy_overrides(cfg)
     if "retrieval" in cfg.services.enabled:
-        out += [f"{rollout}.multi_turn.enable=True", f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}"]
+        out += tool_overrides(cfg)
     if v.adv_estimator == "gae":
         out += [
             "critic.enable=True",
@@ -166,6 +167,19 @@ def verl_overrides(
             f"critic.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         ]
     return out + list(v.extra_overrides)
+
+
+def tool_overrides(cfg: RunConfig) -> list[str]:
+    """The Search-R1 tool loop: verl's `tool_agent` loop (the default for rows without `agent_name`; prepared rows
+    name it too), the `search` tool config, raw chat prompts for the loop to re-render, and the tool-turn bound."""
+    rollout = "actor_rollout_ref.rollout"
+    return [
+        f"{rollout}.multi_turn.enable=True",
+        f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}",
+        f"{rollout}.multi_turn.max_user_turns={cfg.services.retrieval.max_tool_turns}",
+        f"{rollout}.agent.default_agent_loop={TOOL_AGENT}",
+        "data.return_raw_chat=True",
+    ]
 
 
 def _strategy_overrides(cfg: RunConfig) -> list[str]:

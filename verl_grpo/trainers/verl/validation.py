@@ -126,6 +126,8 @@ def _validate_composed(config: Any, result: VerlValidation, check_reward: bool) 
     if fqn:
         _check_callback(str(fqn))
         result.checks.append(f"checkpoint callback {fqn} loads with verl's loader and has on_save")
+    if config.actor_rollout_ref.rollout.multi_turn.get("enable"):
+        result.checks += _check_tool_loop(config)
     if check_reward:
         _check_reward(config.reward.custom_reward_function.path, config.reward.custom_reward_function.name)
         result.checks.append(f"reward function {config.reward.custom_reward_function.path}:"
@@ -166,6 +168,41 @@ def _check_callback(fqn: str) -> None:
     if not callable(getattr(cls, "on_save", None)):
         raise ConfigError(f"trainer.checkpoint_callback_class {fqn!r} has no on_save(trainer, global_step, "
                           "checkpoint_dir, async_save, **kwargs) method")
+
+
+def _check_tool_loop(config: Any) -> list[str]:
+    """multi_turn.enable alone leaves verl on `single_turn_agent`: the model never sees a tool. The composed config
+    must select verl's tool loop, name a tool config, and that config's classes must load with verl's registry."""
+    import importlib
+
+    from verl.experimental.agent_loop import agent_loop
+
+    importlib.import_module("verl.experimental.agent_loop.tool_agent_loop")  # registers `tool_agent`
+
+    from verl_grpo.paths import repo_root
+    from verl_grpo.services.search_tool import validate_tool_config
+
+    rollout = config.actor_rollout_ref.rollout
+    loop = rollout.agent.default_agent_loop
+    if loop not in agent_loop._agent_loop_registry:
+        raise ConfigError(f"actor_rollout_ref.rollout.agent.default_agent_loop={loop!r} is no agent loop verl "
+                          f"{_verl_version()} registers ({', '.join(sorted(agent_loop._agent_loop_registry))})")
+    if loop == "single_turn_agent":
+        raise ConfigError("actor_rollout_ref.rollout.multi_turn.enable=True but the agent loop is single_turn_agent, "
+                          "which never calls a tool; set actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent")
+    path = rollout.multi_turn.get("tool_config_path")
+    if not path:
+        raise ConfigError("actor_rollout_ref.rollout.multi_turn.enable=True without multi_turn.tool_config_path: the "
+                          "tool loop would offer the model no tool")
+    local = Path(str(path))
+    if not local.is_absolute():
+        local = (repo_root() or Path.cwd()) / local  # the task's workdir is the repo
+    with contextlib.redirect_stdout(io.StringIO()):  # verl's loader prints every tool schema
+        names = validate_tool_config(local)
+    if not config.data.get("return_raw_chat"):
+        raise ConfigError("the tool loop re-renders the chat with each tool answer: set data.return_raw_chat=True")
+    return [f"agent loop {loop!r} is registered in verl and is the rollout's default",
+            f"tool config {path} loads with verl's tool registry: {', '.join(names)}"]
 
 
 def _check_reward(path: str, name: str) -> None:
