@@ -4,14 +4,17 @@ stderr and `error.json` ({type, message, retryable}) in the work dir."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import traceback
 from pathlib import Path
 
 from verl_grpo.checkpoints import permanent_error
-from verl_grpo.errors import ConfigError, DataError, TrainingError, VerlGrpoError
-from verl_grpo.trainers.protocol import write_json_atomic
+from verl_grpo.errors import ConfigError, DataError, InfraError, TrainingError, VerlGrpoError
+from collections.abc import Callable
+
+from verl_grpo.trainers.protocol import ERROR_FILE, EXIT_USER_ERROR, RESULT_FILE, exit_code, write_json_atomic
 
 
 def classify(exc: Exception, workdir: Path) -> Exception:
@@ -55,3 +58,35 @@ def report(exc: Exception, error_file: Path) -> None:
         write_json_atomic(error_file, error)
     except OSError as e:
         print(f"(could not write {error_file}: {e.strerror or e})", file=sys.stderr, flush=True)
+
+
+def check_workdir(workdir: Path) -> None:
+    """Fail at once, naming the path and the fix, when the work dir cannot be written (not at the first save)."""
+    probe = workdir / f".write-probe-{os.getpid()}"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise permanent_error(f"work dir {workdir}", str(workdir), e) or InfraError(
+            f"work dir {workdir} is not usable ({e}); check the disk it lives on") from e
+
+
+def worker_main(module: str, argv: list[str] | None, attempt: Callable[[Path], object]) -> int:
+    """A worker process's `main`: `python -m <module> <workdir>/train_spec.json` runs `attempt(spec_path)` and turns
+    its outcome into the worker protocol (exit code, `error.json`); a previous attempt's result/error files are
+    removed first, so they never describe this one."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(f"usage: python -m {module} <workdir>/train_spec.json", file=sys.stderr)
+        return EXIT_USER_ERROR
+    spec_path = Path(argv[0])
+    try:
+        for stale in (ERROR_FILE, RESULT_FILE):
+            (spec_path.parent / stale).unlink(missing_ok=True)
+        attempt(spec_path)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the process boundary: every failure becomes error.json + exit code
+        exc = classify(exc, spec_path.parent)
+        report(exc, spec_path.parent / ERROR_FILE)
+        return exit_code(exc)

@@ -8,18 +8,14 @@ plain-torch GRPO update that pushes its weights to every rollout server.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
 from verl_grpo.trainers.loop.batch import replay_count
-from verl_grpo.trainers.protocol import TrainProgress, write_json_atomic
+from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.trl import progress
-from verl_grpo.trainers.trl.backend import _local_model_path, worker_env
-from verl_grpo.trainers.trl.spec import SPEC_FILE, SPEC_VERSION
+from verl_grpo.trainers.trl.backend import worker_train_spec
 
 REQUIRED_SERVICES = ("data", "reward", "replay")
 """The services the loop reads: prompts (data), rewards (reward) and the groups it trains again (replay)."""
@@ -68,31 +64,9 @@ class LoopTrainer:
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
         """Validate offline, write `<workdir>/train_spec.json`, return the worker command."""
         self.check(cfg)
-        if "train" not in dataset.splits:
-            raise ConfigError(f"dataset {dataset.name}/{dataset.hash} has no train split; re-run data preparation")
         if not cluster.on_this_machine:
             raise ConfigError("trainer.backend=loop runs on this machine only (infra.provider=local)")
-        workdir = Path(cluster.workdir)
-        spec = {
-            "version": SPEC_VERSION,
-            "backend": self.name,
-            "run_id": run_id,
-            "workdir": str(workdir),
-            "config": cfg.model_dump(mode="json"),
-            "dataset": dataset.model_dump(mode="json"),
-            "store": {"uri": store.uri, "endpoint_url": store.endpoint_url},
-            "model_name": cfg.model.name,
-            "model_path": _local_model_path(cfg, cluster),
-        }
-        spec_path = write_json_atomic(workdir / SPEC_FILE, spec)
-        return TrainSpec(
-            backend=self.name,
-            run_id=run_id,
-            command=[sys.executable, "-m", "verl_grpo.trainers.loop.worker", str(spec_path)],
-            env=worker_env(cfg),
-            spec_uri=str(spec_path),
-            total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
-        )
+        return worker_train_spec(self.name, "verl_grpo.trainers.loop.worker", cfg, dataset, store, run_id, cluster)
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
         """The worker's `step k/N reward=… loss=… version=… replay=… stale=…` lines (the TRL line format)."""

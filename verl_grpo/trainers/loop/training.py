@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verl_grpo.checkpoints import CheckpointStore, permanent_error
+from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import DataError, InfraError
 from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
@@ -38,6 +38,7 @@ from verl_grpo.trainers.signal import CLIPPED_RATIO, MEAN_LENGTH, TIED_GROUP_SHA
 from verl_grpo.trainers.trl.callbacks import MetricsLog
 from verl_grpo.trainers.trl.progress import progress_line
 from verl_grpo.trainers.trl.spec import WorkerSpec
+from verl_grpo.trainers.worker_errors import check_workdir
 
 STATE_FILE = "loop_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -368,13 +369,3 @@ def warmup_lr(lr: float, warmup_steps: int, step: int) -> float:
     trains at lr / warmup_steps), then constant."""
     return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
 
-
-def check_workdir(workdir: Path) -> None:
-    probe = workdir / f".write-probe-{os.getpid()}"
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise permanent_error(f"work dir {workdir}", str(workdir), e) or InfraError(
-            f"work dir {workdir} is not usable ({e}); check the disk it lives on") from e

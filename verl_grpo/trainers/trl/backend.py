@@ -179,33 +179,40 @@ class TrlTrainer:
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
         """Validate the mapping offline, write `<workdir>/train_spec.json`, return the worker command."""
         self.check(cfg)  # raises ConfigError before anything is spent
-        if "train" not in dataset.splits:
-            raise ConfigError(f"dataset {dataset.name}/{dataset.hash} has no train split; re-run data preparation")
-        workdir = Path(cluster.workdir)
-        spec = {
-            "version": SPEC_VERSION,
-            "backend": self.name,
-            "run_id": run_id,
-            "workdir": str(workdir),
-            "config": cfg.model_dump(mode="json"),
-            "dataset": dataset.model_dump(mode="json"),
-            "store": {"uri": store.uri, "endpoint_url": store.endpoint_url},
-            "model_name": cfg.model.name,
-            "model_path": _local_model_path(cfg, cluster),
-        }
-        spec_path = write_json_atomic(workdir / SPEC_FILE, spec)
-        return TrainSpec(
-            backend=self.name,
-            run_id=run_id,
-            command=[sys.executable, "-m", "verl_grpo.trainers.trl.worker", str(spec_path)],
-            env=worker_env(cfg),
-            spec_uri=str(spec_path),
-            total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
-        )
+        return worker_train_spec(self.name, "verl_grpo.trainers.trl.worker", cfg, dataset, store, run_id, cluster)
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
         """The worker's `step k/N reward=… loss=…` lines (see trl.progress)."""
         return progress.parse_progress(line, total_steps)
+
+
+def worker_train_spec(backend: str, module: str, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str,
+                      cluster: Cluster) -> TrainSpec:
+    """A worker process's TrainSpec (`python -m <module> <workdir>/train_spec.json`), shared by the backends whose
+    training runs in such a worker (trl, loop); writes the spec file."""
+    if "train" not in dataset.splits:
+        raise ConfigError(f"dataset {dataset.name}/{dataset.hash} has no train split; re-run data preparation")
+    workdir = Path(cluster.workdir)
+    spec = {
+        "version": SPEC_VERSION,
+        "backend": backend,
+        "run_id": run_id,
+        "workdir": str(workdir),
+        "config": cfg.model_dump(mode="json"),
+        "dataset": dataset.model_dump(mode="json"),
+        "store": {"uri": store.uri, "endpoint_url": store.endpoint_url},
+        "model_name": cfg.model.name,
+        "model_path": _local_model_path(cfg, cluster),
+    }
+    spec_path = write_json_atomic(workdir / SPEC_FILE, spec)
+    return TrainSpec(
+        backend=backend,
+        run_id=run_id,
+        command=[sys.executable, "-m", module, str(spec_path)],
+        env=worker_env(cfg),
+        spec_uri=str(spec_path),
+        total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
+    )
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:

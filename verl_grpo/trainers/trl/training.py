@@ -13,15 +13,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 from transformers import PrinterCallback
 
-from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore, permanent_error
+from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
-from verl_grpo.errors import DataError, InfraError
+from verl_grpo.errors import DataError
 from verl_grpo.layout import model_dir, run_metrics, train_result
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import (
@@ -40,6 +39,7 @@ from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
 from verl_grpo.trainers.trl.spec import WorkerSpec
 from verl_grpo.trainers.trl.tools import tool_functions, with_tool_template
 from verl_grpo.trainers.trl.warm_start import committed_result, summary_of, warm_started_model
+from verl_grpo.trainers.worker_errors import check_workdir
 
 TRAIN_COLUMNS = ("prompt", "data_source", "reward_model", "extra_info")
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -210,17 +210,6 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     say(f"training waited {callback.saver.waited_s:.2f}s for checkpoint uploads")
     return trainer.state.global_step, callback.last_ref, callback.final_logs, callback.saver.waited_s
 
-
-def check_workdir(workdir: Path) -> None:
-    """Fail at once, naming the path and the fix, when the work dir cannot be written (not at the first save)."""
-    probe = workdir / f".write-probe-{os.getpid()}"
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise permanent_error(f"work dir {workdir}", str(workdir), e) or InfraError(
-            f"work dir {workdir} is not usable ({e}); check the disk it lives on") from e
 
 
 def export_model(checkpoint_dir: Path, final_dir: Path) -> None:
