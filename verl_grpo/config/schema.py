@@ -383,8 +383,10 @@ class SkyPilotConfig(_Section):
 class AsyncTrainingConfig(_Section):
     """The asynchronous loop: rollout servers generate while the trainer updates, and the trainer pushes new weights
     to every server. On GPU clusters it is verl's fully-async trainer (`verl.experimental.fully_async_policy`,
-    skypilot.shape=rollout_group), which reads the first three fields with verl's meaning; on this machine it is
-    trainer.backend=loop, which reads the others and staleness_threshold / trigger_parameter_sync_step."""
+    skypilot.shape=rollout_group), which reads the first three fields with verl's meaning and replay_share /
+    max_replays / max_staleness through our trainer seam (`verl_grpo.trainers.verl.replay`; max_staleness bounds the
+    replayed groups there, verl's staleness_threshold the fresh ones); on this machine it is trainer.backend=loop, which
+    reads the others and staleness_threshold / trigger_parameter_sync_step."""
 
     staleness_threshold: float = Field(0.1, ge=0)
     """verl's `async_training.staleness_threshold`: how far rollout generation may run ahead of the trainer, as a

@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
+from verl_grpo.trainers.loop.batch import replay_count
 from verl_grpo.trainers.verl.overrides import VerlPaths, gpus_per_node, uses_fully_async, verl_overrides
+from verl_grpo.trainers.verl.replay import SETTING_KEYS as REPLAY_KEYS
 
 ENTRY_MODULE = "verl_grpo.trainers.verl.fully_async_entry"
 """What the rollout group's head runs: verl's fully_async_main with the checkpoint-callback seam (see there)."""
@@ -49,6 +51,7 @@ def fully_async_overrides(
             raise ConfigError(f"{field} ({value}) is not a multiple of async_training.trigger_parameter_sync_step "
                               f"({sync}); verl's fully-async trainer counts steps and saves by weight sync; make "
                               "it one")
+    replay = replay_overrides(cfg)
     base = verl_overrides(cfg, data_files, paths, run_id, env)
     extras = len(cfg.verl.extra_overrides)
     head, tail = base[:len(base) - extras], base[len(base) - extras:]
@@ -68,8 +71,26 @@ def fully_async_overrides(
         f"rollout.total_rollout_steps={a.total_steps * a.train_batch_size}",
         f"trainer.total_training_steps={a.total_steps // sync}",
         f"trainer.save_freq={a.save_freq // sync}",
+        *replay,
         *tail,
     ]
+
+
+def replay_overrides(cfg: RunConfig) -> list[str]:
+    """Our replay settings as new keys of verl's async_training (Hydra `+`), read by the entry's trainer
+    (`replay.ReplaySettings`); none when async_training.replay_share is 0."""
+    at, tbs = cfg.async_training, cfg.algorithm.train_batch_size
+    if at.replay_share <= 0:
+        return []
+    if "replay" not in cfg.services.enabled:
+        raise ConfigError(f"async_training.replay_share={at.replay_share} draws groups from the replay buffer, which "
+                          "services.enabled does not include; add replay (e.g. -o 'services.enabled=[data,reward,"
+                          "replay]') or set async_training.replay_share=0")
+    if replay_count(tbs, at.replay_share) == 0:
+        raise ConfigError(f"async_training.replay_share={at.replay_share} of algorithm.train_batch_size={tbs} rounds "
+                          "to no replayed group per step (and one group stays fresh); raise the share or the batch "
+                          "size")
+    return [f"+async_training.{key}={getattr(at, key)}" for key in REPLAY_KEYS]
 
 
 LITERAL_KNOB_KEYS = ("data.train_batch_size",)
