@@ -142,3 +142,25 @@ def test_the_entry_composes_verls_config_through_hydras_own_command_line():
                           env=env, cwd=repo, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "staleness_threshold: 0.3" in done.stdout and "trigger_parameter_sync_step: 4" in done.stdout
+
+
+def test_replay_settings_reach_verls_async_training_section_and_pass_its_checks():
+    from verl_grpo.trainers.verl.replay import ReplaySettings
+
+    overrides = _overrides("async_training.replay_share=0.25", "async_training.max_replays=2",
+                           "async_training.max_staleness=3")
+    assert "+async_training.replay_share=0.25" in overrides
+    validate_fully_async_overrides(overrides)
+    config = compose_verl_config(overrides, verl_config_dir(), CONFIG_NAME)
+    assert ReplaySettings.from_async_training(config.async_training) == ReplaySettings(0.25, 2, 3)
+    assert not any("replay" in o for o in _overrides())  # replay off: verl's config untouched
+    without_plus = [o.lstrip("+") if o.startswith("+async_training.replay") else o for o in overrides]
+    with pytest.raises(ConfigError, match=r"replay_share"):  # verl's struct config knows no such key
+        validate_fully_async_overrides(without_plus)
+
+
+def test_replay_without_the_replay_buffer_or_with_a_share_that_rounds_to_nothing_fails():
+    with pytest.raises(ConfigError, match=r"services.enabled does not include"):
+        _overrides("async_training.replay_share=0.5", "services.enabled=[data,reward]")
+    with pytest.raises(ConfigError, match=r"rounds to no replayed group"):
+        _overrides("async_training.replay_share=0.01")

@@ -324,3 +324,13 @@ def test_multinode_checkpoints_need_a_bucket_and_a_managed_job():
         _render("multinode", {}, "skypilot.cluster=mine")
     single = _render("multinode", {}, "infra.nodes=1")
     assert "MOUNT_CACHED" not in single.yaml
+
+
+def test_rollout_group_with_replay_passes_the_settings_to_the_entry_beside_the_buffers_url():
+    rendered = _render("rollout_group", {}, "async_training.replay_share=0.25", "async_training.max_replays=2")
+    trainer = list(yaml.safe_load_all(rendered.yaml))[-1]
+    entry = next(line for line in trainer["run"].splitlines() if "fully_async_entry" in line)
+    for setting in ("+async_training.replay_share=0.25", "+async_training.max_replays=2",
+                    "+async_training.max_staleness=1"):
+        assert f" {setting} " in entry
+    assert 'export VERL_GRPO_REPLAY_BUFFER_URL="http://replay-buffer-0.' in trainer["run"]
