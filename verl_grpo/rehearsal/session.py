@@ -60,9 +60,10 @@ def rehearsal_session(cfg: RunConfig, preempt_at: Sequence[int] = (), fail_at: i
     server = None
     if not cfg.storage.uri.startswith("s3://"):
         server, endpoint = _serve_s3()
-        # moto accepts any key; the user's own credentials must never travel to the rehearsal's nodes.
-        env |= {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": secrets.token_hex(8),
-                "AWS_DEFAULT_REGION": "us-east-1"}
+        # moto accepts any key; the user's own credentials must never travel to the rehearsal's nodes. A random key
+        # id, like a real one, appears nowhere else (the dry run's leak check looks for it in the rendered YAML).
+        env |= {"AWS_ACCESS_KEY_ID": f"REHEARSAL{secrets.token_hex(6).upper()}",
+                "AWS_SECRET_ACCESS_KEY": secrets.token_hex(8), "AWS_DEFAULT_REGION": "us-east-1"}
         env["AWS_SESSION_TOKEN"] = ""
     else:
         endpoint = None
