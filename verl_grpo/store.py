@@ -118,7 +118,9 @@ class Store:
 
 def filesystem_for(uri: str, endpoint_url: str | None = None) -> fsspec.AbstractFileSystem:
     if uri.startswith("s3://"):
-        opts: dict[str, Any] = {}
+        # Other processes and nodes write the store (commits, manifests, mounts): a listing cached by s3fs would make a
+        # resume miss a committed step or a file (FileNotFoundError from `_ls_from_cache`), so every call lists anew.
+        opts: dict[str, Any] = {"use_listings_cache": False}
         if endpoint_url:
             opts["endpoint_url"] = endpoint_url
         return fsspec.filesystem("s3", **opts)

@@ -96,3 +96,30 @@ def test_background_saver_commits_in_order_and_surfaces_errors(ckpt_store, tmp_p
     failing.submit("r1", 9, tmp_path / "does-not-exist")
     with pytest.raises(InfraError, match="empty"):
         failing.close()
+
+
+def test_a_commit_by_another_node_is_seen_by_a_store_that_listed_before(s3_bucket, tmp_path):
+    """The resume reads a fresh listing: node A lists (and would cache) a step dir that a killed attempt left torn,
+    node B (another process, its own S3 client) commits the step afterwards, and A's latest_complete and restore see
+    all of it (with s3fs's listing cache on, A's restore fails on a file its cached listing lacks)."""
+    import subprocess
+    import sys
+
+    uri, endpoint = s3_bucket
+    node_a = CheckpointStore(Store(uri, endpoint), backoff_s=0.01)
+    src = _fake_checkpoint(tmp_path, 1)
+    node_a.store.put_file(src / "model.safetensors", "runs/r1/checkpoints/global_step_1/model.safetensors")
+    node_a.store.put_file(src / "model.safetensors", "runs/r1/checkpoints/global_step_1/sub/partial.pt")
+    for step_dir in ("global_step_1", "global_step_1/sub"):  # listings s3fs would cache
+        node_a.store.listdir("runs/r1/checkpoints", step_dir)
+    assert node_a.latest_complete("r1") is None
+    code = ("import sys; from pathlib import Path; from verl_grpo.checkpoints import CheckpointStore; "
+            "from verl_grpo.store import Store; "
+            "CheckpointStore(Store(sys.argv[1], sys.argv[2])).save('r1', 1, Path(sys.argv[3]), {'data_position': 2})")
+    subprocess.run([sys.executable, "-c", code, uri, endpoint, str(src)], check=True, timeout=120)
+
+    ref = node_a.latest_complete("r1")
+    assert ref is not None and ref.step == 1
+    assert node_a.restore(ref, tmp_path / "restored")["state"] == {"data_position": 2}
+    restored = node_a.store.get_dir(tmp_path / "whole", "runs", "r1", "checkpoints", "global_step_1")
+    assert (restored / "sub" / "optimizer.pt").read_bytes() == (src / "sub" / "optimizer.pt").read_bytes()
