@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["sigterm_guard"]
+
 # SkyPilot fixes its state and catalog paths from HOME when first imported, so the whole session gets a
 # temporary HOME before anything imports `sky`: tests never touch the developer's ~/.sky.
 if "VERL_GRPO_TEST_HOME" not in os.environ:
