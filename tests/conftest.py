@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytest_plugins = ["sigterm_guard"]
+pytest_plugins = ["sigterm_guard", "parallel_units"]
 
 # SkyPilot fixes its state and catalog paths from HOME when first imported, so the whole session gets a
 # temporary HOME before anything imports `sky`: tests never touch the developer's ~/.sky.
@@ -40,6 +40,15 @@ def _shared_model_cache() -> Path:
     path = Path(os.environ.get("VERL_GRPO_TEST_MODEL_CACHE", REPO / ".state" / "test-models"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def pytest_sessionstart(session):
+    """With xdist, the tiny model is built here, once, before the workers start: no worker writes into the
+    checkout while another runs the test that checks nothing else does (tests/e2e/test_clean_checkout.py)."""
+    if session.config.getoption("dist", "no") == "loadgroup" and not hasattr(session.config, "workerinput"):
+        from verl_grpo.models import build_tiny_model
+
+        build_tiny_model(_shared_model_cache() / "tiny")
 
 
 @pytest.fixture(scope="session")

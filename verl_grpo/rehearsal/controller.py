@@ -3,7 +3,7 @@
 Stands in for SkyPilot's jobs controller and for the VMs it provisions: every node of every task is a set of
 unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing a node kills everything it
 started, like a preempted VM; a mount namespace with the node's own /tmp and an /etc/hosts that resolves the
-job group's `<task>-<rank>.<group>` names to 127.0.0.1). Runs for real: SkyPilot's YAML loaders, the workdir
+job group's `<task>-<rank>.<group>` names to 127.0.0.1; the job's own network namespace, see `network`). Runs for real: SkyPilot's YAML loaders, the workdir
 sync (git-tracked and untracked-not-ignored files), file_mounts from the store (s3 via fsspec) or local paths,
 bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node, written back to the bucket asynchronously),
 the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is only reported), package
@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -34,6 +35,7 @@ from typing import Any
 
 from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
 from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
+from verl_grpo.rehearsal.network import JobNetwork, listening_on_host, loopback_ports
 from verl_grpo.rehearsal.shims import write_shims
 from verl_grpo.rehearsal.sky_boundary import (
     PACKAGE_ROOT,
@@ -99,7 +101,8 @@ class Node:
         agent = self.state / "node.sh"
         agent.write_text(_agent_script(self.state, self.root / "tmp", cwd, run_setup, keep))
         self.proc = subprocess.Popen(
-            ["unshare", *NAMESPACE_FLAGS, "bash", str(agent)], env=env, cwd=str(self.root),
+            [*self.task.job.network.enter, "unshare", *NAMESPACE_FLAGS, "bash", str(agent)], env=env,
+            cwd=str(self.root),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent)
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"{self.task.name}-{self.rank}")
@@ -406,6 +409,8 @@ class JobController:
         self.termination_delay: dict[str, int] = {}
         self.keep_paths = _paths_to_keep_under_tmp([Path(self.info["state_dir"]), PACKAGE_ROOT,
                                                      Path(sys.executable).parent.parent])
+        self.network: JobNetwork | None = None
+        """The job's own network namespace, which every node of every task joins (`network`)."""
 
     def event(self, name: str, **fields: Any) -> None:
         _append_event(self.path, name, **fields)
@@ -427,6 +432,7 @@ class JobController:
                 self.log.say(NEEDS_NAMESPACES)
                 return self._finish("FAILED_PRECHECKS", NEEDS_NAMESPACES)
             write_shims(self.path / "shims", sys.executable, PACKAGE_ROOT)
+            self._start_network()
             self._supervise()
         except Exception as e:
             self.log.say(f"controller error: {type(e).__name__}: {e}")
@@ -436,6 +442,22 @@ class JobController:
             self._finish("FAILED_DRIVER" if self.exec_mode else "FAILED_CONTROLLER", f"{type(e).__name__}: {e}")
         finally:
             secrets_file.unlink(missing_ok=True)
+            if self.network is not None:
+                self.network.stop()
+                shutil.rmtree(self.network.sock_dir, ignore_errors=True)
+
+    def _start_network(self) -> None:
+        """The job's network namespace, with the endpoints on this machine that its tasks name by URL relayed in."""
+        values = [*self.secrets.values()]
+        for task in self.tasks:
+            values += [str(v) for v in (task.task.envs or {}).values()] + list(_secret_values(task.task).values())
+        ports = [port for port in loopback_ports(values) if listening_on_host(port)]
+        # A short path: Unix socket paths are limited to 107 bytes; the controller and the relay see the host's /tmp.
+        self.network = JobNetwork(Path(tempfile.mkdtemp(prefix="verl-grpo-net-")), ports)
+        self.network.start(preexec_fn=_die_with_parent)
+        if ports:
+            self.log.say(f"job network: its own namespace; relayed from this machine: "
+                         f"{', '.join(f'127.0.0.1:{p}' for p in ports)}")
 
     def _load(self) -> None:
         from verl_grpo.providers.skypilot import boundary
