@@ -48,3 +48,17 @@ def test_rollout_weights_must_fit_their_share():
 def test_unknown_sizes_skip_the_check():
     assert "skipped" in check_gpu_memory(_cfg("infra.accelerators=H100:8", "model.name=gpt2"))
     assert "skipped" in check_gpu_memory(_cfg("infra.accelerators=TPU-X:8"))
+
+
+def test_model_params_of_a_local_model_are_counted_from_its_weights_not_read_from_its_path(tmp_path):
+    """The tiny test model under a temp dir whose random name holds `3b` (as a clean clone's once did): counted from
+    the safetensors headers, never 3e9; a path's other components never give a size."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = tmp_path / "pytest-3b7x" / "tiny"
+    model.mkdir(parents=True)
+    save_file({"embed.weight": torch.zeros(64, 32), "lm_head.bias": torch.zeros(64)}, str(model / "model.safetensors"))
+    assert model_params(str(model)) == 64 * 32 + 64
+    assert model_params(str(tmp_path / "runs-7b" / "Qwen2.5-0.5B-Instruct")) == pytest.approx(5e8)
+    assert model_params("/data/llama-70b-copies/my-model") is None

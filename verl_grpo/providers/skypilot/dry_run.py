@@ -13,11 +13,14 @@ turned off, with a warning, where no catalog offer sells spot (checks.spot_choic
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 
 from verl_grpo.config import RunConfig
@@ -218,9 +221,25 @@ def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str]
 
 
 def model_params(name: str) -> float | None:
-    """Parameters of a model from the size in its name (`…-135M-…` → 1.35e8, `…-0.5B…` → 5e8); None if unnamed."""
-    m = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)([MB])(?![a-z])", name, re.IGNORECASE)
+    """Parameters of a model: counted from the tensor shapes of a local model directory's safetensors files, else
+    read from the size in the model name's last component (`…/SmolLM2-135M-…` → 1.35e8, `…-0.5B…` → 5e8), never
+    from the rest of a path (a temp dir named `…3b…` says nothing); None when neither tells."""
+    path = Path(name).expanduser()
+    if path.is_dir() and (counted := safetensors_params(path)):
+        return float(counted)
+    last = name.rstrip("/").rsplit("/", 1)[-1]
+    m = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)([MB])(?![a-z])", last, re.IGNORECASE)
     return float(m.group(1)) * (1e6 if m.group(2).upper() == "M" else 1e9) if m else None
+
+
+def safetensors_params(model_dir: Path) -> int:
+    """Elements of every tensor in `model_dir`'s *.safetensors files, from their JSON headers (no weights read)."""
+    total = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with file.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
+    return total
 
 
 def check_gpu_memory(cfg: RunConfig) -> str:
