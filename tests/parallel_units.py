@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import pytest
 
-SHARED_SESSION_WORLDS = frozenset({"reference"})
-"""Session-scoped fixtures too costly to build on more than one worker: their tests form one group."""
+SHARED_SESSION_WORLDS = frozenset({"reference", "first_cli_run"})
+"""Session-scoped fixtures too costly to build on more than one worker (the fault suite's uninterrupted run, a new
+user's first CLI run): the tests that read one form one group."""
 _WIDER_THAN_A_TEST = ("module", "class", "package")
 _TIERS = ("e2e", "faults", "slow")
 

@@ -1,9 +1,9 @@
 """A run writes nothing outside its state dir: not into the checkout, not into the directory it is started from,
 not into HOME.
 
-One tiny-flow run of the CLI, started from an empty directory with VERL_GRPO_HOME a nested directory that does not
-exist yet (so it also shows `VERL_GRPO_HOME=/new/nested/dir verl-grpo run ...` succeeds), then the checkout's
-`git status --porcelain --ignored` (every file, bytecode caches aside) must be what it was before, and the working
+One tiny-flow run of the CLI (`first_cli_run`), started from an empty directory with VERL_GRPO_HOME a nested
+directory that does not exist yet (so it also shows `VERL_GRPO_HOME=/new/nested/dir verl-grpo run ...` succeeds),
+then the checkout's `git status --porcelain --ignored` (every file, bytecode caches aside) must be what it was before, and the working
 directory must hold nothing (no mlruns/, wandb/, outputs/, .sky, prefect files, lightning_logs, ...) and HOME no more
 than library caches.
 """
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkout_files import checkout_status
 
 pytestmark = pytest.mark.e2e
 
@@ -24,34 +25,14 @@ VENV_BIN = Path(sys.executable).parent
 LIBRARY_CACHES = (".cache", ".config/matplotlib")
 
 
-def _checkout_status() -> list[str]:
-    """Every untracked and ignored file of the checkout (the venv and bytecode caches aside), one line each."""
-    done = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--", ".",
-                           ":(exclude).venv"], cwd=REPO, capture_output=True, text=True, check=True)
-    return sorted(line for line in done.stdout.splitlines()
-                  if "__pycache__/" not in line and ".pytest_cache/" not in line)
-
-
 def _everything_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
 
 
-def test_a_run_from_another_directory_writes_only_into_its_new_state_dir(tmp_path, tiny_overrides):
+def test_a_run_from_another_directory_writes_only_into_its_new_state_dir(first_cli_run):
     if subprocess.run(["git", "rev-parse"], cwd=REPO, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
-    cwd, home, state = tmp_path / "cwd", tmp_path / "home", tmp_path / "a" / "new" / "nested" / "state"
-    cwd.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_", "VERL_GRPO_", "MLFLOW_", "WANDB_", "HF_"))}
-    # the data mirror beside the checkout, as a user's shell would have it; everything else at its default
-    env.update(HOME=str(home), PYTHONUNBUFFERED="1", VERL_GRPO_HOME=str(state),
-               VERL_GRPO_DATA_MIRROR=os.environ.get("VERL_GRPO_DATA_MIRROR", str(REPO.parent / "shared" / "data")))
-    before = _checkout_status()
-    args = [str(VENV_BIN / "verl-grpo"), "run", "-c", "gsm8k", "-c", "local"]
-    small = [o for o in tiny_overrides if not o.startswith(("model.name=", "storage.", "tracking."))]
-    for override in (*small, "model.name=tiny"):  # store, MLflow and model cache at their defaults
-        args += ["-o", override]
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    done, cwd, home, state = first_cli_run.done, first_cli_run.cwd, first_cli_run.home, first_cli_run.state
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
     assert "eval accuracy" in done.stdout and "Traceback" not in output
@@ -60,7 +41,7 @@ def test_a_run_from_another_directory_writes_only_into_its_new_state_dir(tmp_pat
     # HOME may get library caches in their XDG places (matplotlib's font list), never state
     assert [p for p in _everything_under(home) if p != ".config" and not p.startswith(LIBRARY_CACHES)] == [], \
         "HOME got files"
-    after = _checkout_status()
+    before, after = first_cli_run.checkout_before, checkout_status()
     assert [line for line in after if line not in before] == [], "the checkout got files"
     assert [line for line in before if line not in after] == [], "files of the checkout went away"
 

@@ -32,20 +32,20 @@ def _run(env: dict[str, str], *overrides: str, timeout: float = 600) -> subproce
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_first_run_creates_the_state_dir_and_finishes(tmp_path, tiny_overrides):
-    """Store, MLflow and model cache all at their defaults inside the new state dir; the tiny model built there."""
-    home = tmp_path / "a" / "new" / "dir"
-    small = [o for o in tiny_overrides if not o.startswith(("model.name=", "storage.", "tracking."))]
-    done = _run(_fresh_env(tmp_path, VERL_GRPO_HOME=str(home)), *small, "model.name=tiny")
+def test_first_run_creates_the_state_dir_and_finishes(first_cli_run):
+    """Store, MLflow and model cache all at their defaults inside the new state dir; the tiny model built there
+    (the run is `first_cli_run`, which the clean-checkout and quiet-run tests read too)."""
+    done, home = first_cli_run.done, first_cli_run.state
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
     assert "eval accuracy" in done.stdout
     assert "Traceback" not in output
     for sub in ("prefect", "store", "models", "work", "logs"):
         assert (home / sub).is_dir(), sub
+    assert (home / "models" / "tiny").is_dir()
     assert (home / "prefect" / "prefect.db").is_file()  # the ephemeral API's database, in the new state dir
     assert (home / "mlflow.db").is_file()
-    assert not (tmp_path / "home" / ".prefect").exists()
+    assert not (first_cli_run.home / ".prefect").exists()
 
 
 def test_state_dir_that_cannot_be_made_is_one_line(tmp_path):

@@ -1,0 +1,16 @@
+"""The checkout's untracked and ignored files: what a run must leave as it found them."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout_status() -> list[str]:
+    """Every untracked and ignored file of the checkout (the venv and bytecode caches aside), one line each."""
+    done = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--", ".",
+                           ":(exclude).venv"], cwd=REPO, capture_output=True, text=True, check=True)
+    return sorted(line for line in done.stdout.splitlines()
+                  if "__pycache__/" not in line and ".pytest_cache/" not in line)
