@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make test` splits the suite over this many pytest-xdist workers (tests/parallel_units.py: how; 0: one process).
+PYTEST_WORKERS ?= 3
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 # Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute smoke CI runs).
 RUN_ARGS ?=
 
@@ -23,10 +26,10 @@ run: install
 	$(VENV)/bin/verl-grpo run -c gsm8k -c local $(RUN_ARGS)
 
 test: install
-	$(VENV)/bin/pytest -q --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 test-fast: install
-	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q $(XDIST) tests/unit $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p bench/results
