@@ -12,12 +12,13 @@ integration, unit) and the slowest tests; tests are matched across labels by nod
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections import defaultdict
 from pathlib import Path
 
 LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
-CLOSING = re.compile(r"=+ .*?(\d+) passed.* in ([\d.]+)s")
+CLOSING = re.compile(r"(\d+) passed\b.*? in ([\d.]+)s")
 TIERS = ("e2e", "faults", "load", "integration", "unit")
 
 
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--wall", action="append", default=[], metavar="LABEL=SECONDS")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--durations-out", type=Path, help="write {node id: seconds} of the first log (the order "
+                        "tests/parallel_units.py hands units out in)")
     args = parser.parse_args()
     runs = {}
     for spec in args.logs:
@@ -80,6 +83,10 @@ def main() -> None:
         tests, _, passed = runs[label]
         runs[label] = (tests, float(seconds), passed)
     text = table(runs, args.top)
+    if args.durations_out:
+        first = runs[next(iter(runs))][0]
+        args.durations_out.write_text(json.dumps({n: round(sum(ph.values()), 1) for n, ph in sorted(first.items())},
+                                                 indent=0) + "\n")
     if args.out:
         args.out.write_text(text)
     print(text)

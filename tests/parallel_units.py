@@ -6,8 +6,10 @@ nodes), so a few workers on 2 cores overlap that waiting. Two rules keep the spl
 - **A world is built once.** A test that uses a module- or class-scoped fixture runs on the worker that runs the
   rest of its module, and the tests that read an expensive session-scoped world (`SHARED_SESSION_WORLDS`) share
   one worker too; every other test is a unit of its own.
-- **Longest first.** Units are handed out in collection order, so the whole-system tiers go first (end-to-end,
-  faults, slow, then integration, then unit tests) and no long test starts last, while the unit tests fill the gaps.
+- **Longest first.** Units are handed out in collection order: the whole-system tiers first (end-to-end, faults,
+  slow, then integration, then unit tests), and within a tier the units whose tests took longest in a measured run
+  (`tests/durations.json`, written by `bench/suite_durations.py --durations-out`) first, so no long test starts last
+  while the unit tests fill the gaps. A test missing from the file counts as quick.
 
 How: each worker decides every test's unit from its fixtures while collecting (only workers collect) and writes
 them to a file in a directory the controller made (`UNITS_DIR_ENV`); the controller's scheduler, a
@@ -32,6 +34,7 @@ SHARED_SESSION_WORLDS = frozenset({"reference", "first_cli_run"})
 """Session-scoped fixtures too costly to build on more than one worker (the fault suite's uninterrupted run, a new
 user's first CLI run): the tests that read one form one unit."""
 UNITS_DIR_ENV = "VERL_GRPO_TEST_UNITS_DIR"
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
 _WIDER_THAN_A_TEST = ("module", "class", "package")
 _TIERS = ("e2e", "faults", "slow")
 
@@ -76,10 +79,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if workerinput is None or not getattr(config.option, "loadgroup", False) or UNITS_DIR_ENV not in os.environ:
         return
     units = {item.nodeid: unit_of(item) for item in items}
-    tier = {}
+    measured = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.is_file() else {}
+    tier: dict[str, int] = {}
+    seconds: dict[str, float] = {}
     for item in items:  # a unit's tier is its most whole-system test's, so a unit stays together in the order
-        tier[units[item.nodeid]] = min(tier.get(units[item.nodeid], 99), tier_of(item))
-    items.sort(key=lambda item: tier[units[item.nodeid]])
+        unit = units[item.nodeid]
+        tier[unit] = min(tier.get(unit, 99), tier_of(item))
+        seconds[unit] = seconds.get(unit, 0.0) + float(measured.get(item.nodeid, 0.0))
+    items.sort(key=lambda item: (tier[units[item.nodeid]], -seconds[units[item.nodeid]]))
     target = Path(os.environ[UNITS_DIR_ENV]) / f"{workerinput['workerid']}.json"
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(units))
