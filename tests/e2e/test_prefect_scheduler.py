@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 DEPLOYMENTS = ("verl-grpo/gsm8k", "verl-grpo/math", "verl-grpo/mbpp")
 GPU_DEPLOYMENTS = ("verl-grpo/gsm8k-gpu", "verl-grpo/math-gpu", "verl-grpo/mbpp-gpu")
-RUN_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 600  # a bound for a hang, with room for two other xdist workers beside
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from prefect_serving import REPO, pid_alive, served_prefect
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-RUN_TIMEOUT_S = 240
+RUN_TIMEOUT_S = 600  # a bound for a hang, with room for two other xdist workers beside
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ TINY_TRAIN = [
     "trainer.threads=1",
     "storage.keep_last=2",
 ]
-WORKER_TIMEOUT_S = 240
+WORKER_TIMEOUT_S = 600  # a bound for a hang, with room for two other xdist workers beside
 
 
 def plan_run(workdir: Path, model_dir: Path, mirror: Path, store: Store, *overrides: str) -> TrainSpec:

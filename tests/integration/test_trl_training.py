@@ -35,7 +35,7 @@ TRAIN_OVERRIDES = [
     "trainer.micro_batch_size=8",
     "trainer.threads=1",  # 2 OpenMP threads on a busy 2-core machine run ~10x slower than 1
 ]
-WORKER_TIMEOUT_S = 300
+WORKER_TIMEOUT_S = 600  # a bound for a hang, with room for two other xdist workers beside
 
 
 def plan_run(root: Path, model_dir: Path, mirror: Path, *overrides: str) -> tuple[TrainSpec, Store]:
