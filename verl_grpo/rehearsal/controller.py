@@ -3,9 +3,9 @@
 Stands in for SkyPilot's jobs controller and for the VMs it provisions: every node of every task is a set of
 unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing a node kills everything it
 started, like a preempted VM; a mount namespace with the node's own /tmp and an /etc/hosts that resolves the
-job group's `<task>-<rank>.<group>` names to 127.0.0.1; the job's own network namespace, see `network`). Runs for real: SkyPilot's YAML loaders, the workdir
-sync (git-tracked and untracked-not-ignored files), file_mounts from the store (s3 via fsspec) or local paths,
-bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node, written back to the bucket asynchronously),
+job group's `<task>-<rank>.<group>` names to 127.0.0.1; the job's own network namespace, see `network`).
+Runs for real: SkyPilot's YAML loaders, the workdir sync (git-tracked and untracked-not-ignored files), file_mounts
+from the store (s3 via fsspec) or local paths, bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node, written back to the bucket asynchronously),
 the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is only reported), package
 installs and verl's trainer (see `shims`), preemptions (injected at verl step numbers).
 
@@ -102,8 +102,7 @@ class Node:
         agent.write_text(_agent_script(self.state, self.root / "tmp", cwd, run_setup, keep))
         self.proc = subprocess.Popen(
             [*self.task.job.network.enter, "unshare", *NAMESPACE_FLAGS, "bash", str(agent)], env=env,
-            cwd=str(self.root),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=str(self.root), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent)
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"{self.task.name}-{self.rank}")
         self.reader.start()

@@ -68,7 +68,6 @@ class JobNetwork:
         return ["nsenter", f"--target={self.proc.pid}", "--user", "--net", "--preserve-credentials", "--"]
 
     def start(self, preexec_fn=None) -> None:
-        self.sock_dir.mkdir(parents=True, exist_ok=True)
         for port in self.ports:
             path = self.sock_dir / f"{port}.sock"
             path.unlink(missing_ok=True)
