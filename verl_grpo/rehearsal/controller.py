@@ -1,13 +1,13 @@
 """The rehearsal's jobs controller: `python -m verl_grpo.rehearsal.controller JOB_DIR` owns one job until it ends.
 
 Stands in for SkyPilot's jobs controller and for the VMs it provisions: every node of every task is a set of
-unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing a node kills everything it
-started, like a preempted VM; a mount namespace with the node's own /tmp and an /etc/hosts that resolves the
-job group's `<task>-<rank>.<group>` names to 127.0.0.1; the job's own network namespace, see `network`).
-Runs for real: SkyPilot's YAML loaders, the workdir sync (git-tracked and untracked-not-ignored files), file_mounts
-from the store (s3 via fsspec) or local paths, bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node,
-written back to the bucket asynchronously), the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is only reported), package
-installs and verl's trainer (see `shims`), preemptions (injected at verl step numbers).
+unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing a node kills everything it started,
+like a preempted VM; a mount namespace with the node's own /tmp and an /etc/hosts that resolves the job group's
+`<task>-<rank>.<group>` names to 127.0.0.1; the job's own network namespace, see `network`). Runs for real:
+SkyPilot's YAML loaders, the workdir sync (git-tracked and untracked-not-ignored files), file_mounts from the store
+(s3 via fsspec) or local paths, bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node, written back to
+the bucket asynchronously), the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is
+only reported), package installs and verl's trainer (see `shims`), preemptions (injected at verl step numbers).
 
 Log format of `run.log`: the first primary task's rank-0 lines are written unprefixed (so `step:N - ...` stays at
 line start for our parsers); every other node's lines as `(<task>, rank=<r>) <line>`; the controller's own lines
