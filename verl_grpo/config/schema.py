@@ -332,6 +332,12 @@ class VerlConfig(_Section):
     None means algorithm.train_batch_size (one update per step)."""
     micro_batch_size_per_gpu: int = Field(4, ge=1)
     """Sequences per GPU per forward/backward pass (actor, ref and log-prob recomputation)."""
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    """Attention of the trained models (actor, ref, critic). `sdpa` (torch's own, nothing to install) computes each
+    sequence at its padded length (use_remove_padding off): 1.2-1.5x the update time and up to 2x its peak memory of
+    flash-attn's packed rows on the gsm8k shape (bench/results/gpu_attention.md). `flash_attention_2` turns
+    use_remove_padding on and needs flash-attn built for the nodes' torch (2.11 with verl[vllm]==0.9.1), which verl's
+    [vllm] extra does not bring: name its wheel in skypilot.node_packages."""
     critic_lr: float = Field(1e-5, gt=0)
     """Critic learning rate (the seeds' CRITIC_LR; only used by adv_estimator=gae)."""
     test_freq: int = Field(5, ge=-1)
@@ -353,6 +359,9 @@ class SkyPilotConfig(_Section):
     """Cloud region; None lets SkyPilot choose."""
     recovery_strategy: str = "EAGER_NEXT_REGION"
     """Managed-job recovery strategy after a preemption (SkyPilot: EAGER_NEXT_REGION or FAILOVER)."""
+    node_packages: list[str] = Field(default_factory=list)
+    """Extra pip requirements installed on every training node after verl and verl_grpo's runtime, e.g.
+    `flash-attn @ <wheel URL built for the nodes' torch>` with verl.attn_implementation=flash_attention_2."""
     max_restarts_on_errors: int = Field(3, ge=0)
     """Restarts of a managed job whose user code failed (preemptions are recovered regardless)."""
     termination_delay: str = "60s"

@@ -22,7 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO
+from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
 FULLY_ASYNC_ENTRY = "verl_grpo.trainers.verl.fully_async_entry"
@@ -33,6 +33,9 @@ GPU_ONLY = frozenset(canonicalize_name(n) for n in (
 """Packages that only build/run with CUDA: missing here is expected, the rehearsal stands in for them."""
 GPU_EXTRAS = frozenset(("vllm", "sglang", "gpu", "flash-attn", "flashinfer"))
 """Extras (of e.g. verl) that pull GPU-only packages."""
+STANDINS_FILE = Path("/tmp/.verl_grpo_rehearsal_standins")
+"""On a rehearsal node (its own /tmp): the GPU-only packages setup installed, as stood in, one name a line. What
+the node's code would find installed on a GPU node; the trainer stand-in reads it (e.g. flash-attn)."""
 SHIM_NAMES = ("python", "python3", "pip", "uv")
 SHIMMED_TOOLS = frozenset(("uv",))
 """Tools setup installs to run them next; on a rehearsal node the shim of the same name stands in for them, so this
@@ -206,6 +209,22 @@ def _check_project(project: Path, no_deps: bool, specs: list[str]) -> list[str]:
     return []
 
 
+def _stood_in(spec: str, name: str, why: str) -> list[str]:
+    _say(f"{spec}: {why}, stood in: GPU-only")
+    if os.environ.get(ENV_ON_NODE):
+        with STANDINS_FILE.open("a") as f:
+            f.write(name + "\n")
+    return []
+
+
+def stood_in_packages() -> set[str]:
+    """The GPU-only packages this rehearsal node's setup installed (canonical names)."""
+    try:
+        return set(STANDINS_FILE.read_text().split())
+    except FileNotFoundError:
+        return set()
+
+
 def _check_requirement(spec: str) -> list[str]:
     try:
         req = Requirement(spec)
@@ -223,14 +242,12 @@ def _check_requirement(spec: str) -> list[str]:
         installed = metadata.version(req.name)
     except metadata.PackageNotFoundError:
         if gpu_only:
-            _say(f"{spec}: missing, stood in: GPU-only")
-            return []
+            return _stood_in(spec, name, "missing")
         _say(f"{spec}: missing")
         return [f"{spec} is not installed"]
     if req.specifier and not req.specifier.contains(installed, prereleases=True):
         if gpu_only:
-            _say(f"{spec}: {installed} installed, stood in: GPU-only")
-            return []
+            return _stood_in(spec, name, f"{installed} installed")
         _say(f"{spec}: version mismatch, {installed} installed")
         return [f"{spec} does not match the installed {req.name} {installed}"]
     failures = [f for extra in sorted(req.extras) for f in _check_extra(req.name, extra)]

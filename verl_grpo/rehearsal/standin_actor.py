@@ -32,6 +32,33 @@ def init_single_process_group() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
+VERL_DEFAULT_ATTENTION = "flash_attention_2"
+"""What verl 0.9.1 loads a model with when `model.override_config` names no attn_implementation."""
+
+
+def node_attention(model_cfg: Any) -> str:
+    """The attention a GPU node would load the model with, as run here: flash_attention_2 needs flash-attn
+    installed by the node's setup (stood in by sdpa on a CPU, said in a `rehearsal:` line); without it this raises
+    transformers' own error, as the node would. remove-padding with anything but flash-attn is refused: verl packs
+    the micro-batch into one row, and sdpa would attend across its sequences."""
+    from verl_grpo.rehearsal.shims import stood_in_packages
+
+    attn = str(model_cfg.get("override_config", {}).get("attn_implementation", VERL_DEFAULT_ATTENTION))
+    if model_cfg.get("use_remove_padding", True) and attn != "flash_attention_2":
+        raise ConfigError(f"actor_rollout_ref.model.use_remove_padding=True with attn_implementation={attn}: verl "
+                          "packs each micro-batch into one row, which only flash-attn's varlen kernel keeps apart; "
+                          "set use_remove_padding=False (verl.attn_implementation=sdpa renders it)")
+    if attn != "flash_attention_2":
+        return attn
+    if "flash-attn" not in stood_in_packages():
+        raise ImportError("FlashAttention2 has been toggled on, but it cannot be used due to the following error: the "
+                          "package flash_attn seems to be not installed (verl's default attn_implementation; the "
+                          "node's setup installs no flash-attn: set verl.attn_implementation=sdpa or add flash-attn "
+                          "to skypilot.node_packages)")
+    print("rehearsal: flash_attention_2 stood in by sdpa (setup installed flash-attn, which needs a GPU)", flush=True)
+    return "sdpa"
+
+
 class StandinActor:
     """Policy, optimizer, LR scheduler and verl's FSDP checkpoint manager for one run's config."""
 
@@ -49,7 +76,8 @@ class StandinActor:
         self.tokenizer = tokenizer
         self.actor_cfg = config.actor_rollout_ref.actor
         self.rollout_cfg = config.actor_rollout_ref.rollout
-        model = AutoModelForCausalLM.from_pretrained(config.actor_rollout_ref.model.path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(config.actor_rollout_ref.model.path, dtype=torch.float32,
+                                                     attn_implementation=node_attention(config.actor_rollout_ref.model))
         model.config.name_or_path = str(config.actor_rollout_ref.model.path)
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))  # verl create_device_mesh, world size 1
         apply_fsdp2(model, {"mesh": mesh, "reshard_after_forward": True},

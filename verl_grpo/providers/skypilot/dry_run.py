@@ -7,7 +7,8 @@ credentials the tasks get are in the environment, WANDB_API_KEY's shape, model.n
 model, the data splits are in the mirror (checks.py); verl overrides against verl's Hydra config + validate_config,
 the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery strategy against SkyPilot's
 registry, the accelerators of both against SkyPilot's catalog (local copy, `~/.sky/catalogs/v8`), and a lower-bound
-GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce). infra.spot is
+GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce), and the attention
+backend against what the nodes install (`check_attention`). infra.spot is
 turned off, with a warning, where no catalog offer sells spot (checks.spot_choice, as the provider does).
 """
 
@@ -22,6 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion
@@ -111,6 +115,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
                                  f"({', '.join(report.costs.clouds)})")
             checks.run(check_eval_task, cfg, boundary, env, report.yamls)
         checks.run(check_gpu_memory, cfg)
+    checks.run(check_attention, cfg)
     report.seconds = time.perf_counter() - start
     if checks.failures:
         raise DryRunFailed(checks.failures)
@@ -284,6 +289,27 @@ def check_gpu_memory(cfg: RunConfig) -> str:
                 f"GiB weights in the {rollout:.1f} GiB rollout share of the rollout GPUs, of {total} GiB per {gpu}")
     return (f"GPU memory fits (lower bound): {train:.1f} GiB training state + {rollout:.1f} GiB rollout share of "
             f"{total} GiB per {gpu}")
+
+
+def check_attention(cfg: RunConfig) -> str:
+    """The attention backend the nodes load the models with, and that they can: flash_attention_2 only when
+    skypilot.node_packages installs flash-attn (verl[vllm]==0.9.1 brings none)."""
+    attn = cfg.verl.attn_implementation
+    if attn == "sdpa":
+        return ("attention: sdpa, use_remove_padding off (torch's own, nothing to install; 1.2-1.5x the update time "
+                "of flash-attn, bench/results/gpu_attention.md)")
+    names = set()
+    for spec in cfg.skypilot.node_packages:
+        try:
+            names.add(canonicalize_name(Requirement(spec).name))
+        except InvalidRequirement:
+            raise ConfigError(f"skypilot.node_packages: {spec!r} is not a pip requirement; write a wheel URL as "
+                              "'NAME @ URL'") from None
+    if "flash-attn" not in names:
+        raise ConfigError("verl.attn_implementation=flash_attention_2 needs flash-attn on the nodes and "
+                          f"verl[{cfg.verl.rollout_engine}]==0.9.1 installs none; add 'flash-attn @ <wheel URL for "
+                          "torch 2.11>' to skypilot.node_packages or set verl.attn_implementation=sdpa")
+    return "attention: flash_attention_2 with use_remove_padding (flash-attn from skypilot.node_packages)"
 
 
 def _planned_dataset(cfg: RunConfig, store: Store) -> DatasetVersion:

@@ -300,9 +300,9 @@ def service_args(name: str, cfg: RunConfig, spec: TrainSpec) -> list[str]:
 
 def cluster_packages(cfg: RunConfig, engine: str) -> list[str]:
     """verl with its rollout engine (which brings the matching torch) plus verl_grpo's own runtime imports;
-    the service packages when a job group runs auxiliary services."""
+    the service packages when a job group runs auxiliary services; then the user's skypilot.node_packages."""
     extra = SERVICE_PACKAGES if cfg.skypilot.shape in ("job_group", "rollout_group") or cfg.services.enabled else ()
-    return [f"verl[{engine}]==0.9.1", *CLUSTER_RUNTIME, *extra]
+    return [f"verl[{engine}]==0.9.1", *CLUSTER_RUNTIME, *extra, *cfg.skypilot.node_packages]
 
 
 def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None) -> dict:

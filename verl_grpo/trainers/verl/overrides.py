@@ -156,7 +156,7 @@ def verl_overrides(
     ]
     if a.total_epochs is not None:
         out.append(f"trainer.total_epochs={a.total_epochs}")
-    out += _strategy_overrides(cfg)
+    out += _strategy_overrides(cfg) + attention_overrides(cfg)
     if "retrieval" in cfg.services.enabled:
         out += tool_overrides(cfg)
     if v.adv_estimator == "gae":
@@ -180,6 +180,16 @@ def tool_overrides(cfg: RunConfig) -> list[str]:
         f"{rollout}.agent.default_agent_loop={TOOL_AGENT}",
         "data.return_raw_chat=True",
     ]
+
+
+def attention_overrides(cfg: RunConfig) -> list[str]:
+    """verl.attn_implementation for every trained model: verl 0.9.1 reads it from `model.override_config` (default
+    flash_attention_2, `verl/workers/config/model.py`). Remove-padding goes with flash-attn only: its packed rows
+    rely on flash-attn's varlen kernel, and sdpa would attend across the packed sequences."""
+    attn = cfg.verl.attn_implementation
+    models = ["actor_rollout_ref.model"] + (["critic.model"] if cfg.verl.adv_estimator == "gae" else [])
+    return [line for m in models for line in (f"+{m}.override_config.attn_implementation={attn}",
+                                              f"{m}.use_remove_padding={attn == 'flash_attention_2'}")]
 
 
 def _strategy_overrides(cfg: RunConfig) -> list[str]:
