@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from pathlib import Path
@@ -12,7 +13,8 @@ import yaml
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
-from verl_grpo.providers.skypilot import templates
+from verl_grpo.providers.skypilot import node_imports, templates
+from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
 from verl_grpo.trainers.verl.fully_async import ENTRY_MODULE, fully_async_overrides
@@ -334,3 +336,40 @@ def test_rollout_group_with_replay_passes_the_settings_to_the_entry_beside_the_b
                     "+async_training.max_staleness=1"):
         assert f" {setting} " in entry
     assert 'export VERL_GRPO_REPLAY_BUFFER_URL="http://replay-buffer-0.' in trainer["run"]
+
+
+@pytest.mark.parametrize("shape", ["multinode", "job_group", "rollout_group"])
+def test_every_task_installs_what_its_nodes_import(shape):
+    lines = check_node_imports({shape: _render(shape, {}).yaml})
+    assert lines and all("all installed by its setup" in line for line in lines)
+    trainer = next(line for line in lines if "verl-grpo-run-1'" in line or "verl-trainer'" in line)
+    assert "tenacity" in trainer  # verl_grpo.retry / checkpoints import it at module level, restore runs first
+
+
+def test_a_runtime_package_setup_forgets_is_named_with_the_module_that_imports_it(monkeypatch):
+    """The first-launch defect: setup installed no tenacity, which every node's first command imports."""
+    monkeypatch.setattr(templates, "CLUSTER_RUNTIME", tuple(p for p in templates.CLUSTER_RUNTIME
+                                                           if not p.startswith("tenacity")))
+    with pytest.raises(ConfigError) as e:
+        check_node_imports({"multinode": _render("multinode", {}).yaml})
+    text = str(e.value)
+    assert "\n" not in text
+    assert "task 'verl-grpo-run-1' imports tenacity (verl_grpo." in text and "CLUSTER_RUNTIME" in text
+
+
+def test_verls_mlflow_logger_needs_mlflow_on_the_node():
+    """The other first-launch import: `trainer.logger=[console,mlflow,file]` makes verl's Tracking import mlflow."""
+    text = _render("multinode", {}).yaml.replace("'trainer.logger=[console,file]'",
+                                                 "'trainer.logger=[console,mlflow,file]'")
+    assert "mlflow,file" in text
+    with pytest.raises(ConfigError, match=r"imports mlflow \(verl's mlflow logger\)"):
+        check_node_imports({"multinode": text})
+
+
+def test_imports_a_module_runs_when_imported_count_and_guarded_or_lazy_ones_do_not(tmp_path):
+    source = ("import a_top\nfrom .sibling import x\ntry:\n    import optional_one\nexcept ImportError:\n"
+              "    optional_one = None\nif TYPE_CHECKING:\n    import typing_only\n"
+              "def f():\n    import lazy_one\nclass C:\n    import class_level\n")
+    names = set(node_imports._import_names(ast.parse(source), "verl_grpo.pkg"))
+    assert {"a_top", "verl_grpo.pkg.sibling", "verl_grpo.pkg.sibling.x", "class_level"} <= names
+    assert not names & {"optional_one", "typing_only", "lazy_one"}

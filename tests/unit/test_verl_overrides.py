@@ -49,9 +49,9 @@ def test_maps_grpo_settings_to_verl_keys():
 def test_wandb_logger_only_with_key_and_key_never_in_overrides():
     cfg = _cfg()
     without = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={}))
-    assert without["trainer.logger"] == "[console,mlflow,file]"
+    assert without["trainer.logger"] == "[console,file]"
     with_key = verl_overrides(cfg, FILES, PATHS, "r1", env={"WANDB_API_KEY": "sekret-123"})
-    assert _as_dict(with_key)["trainer.logger"] == "[console,mlflow,file,wandb]"
+    assert _as_dict(with_key)["trainer.logger"] == "[console,file,wandb]"
     assert not any("sekret-123" in o for o in with_key)
 
 

@@ -7,8 +7,9 @@ credentials the tasks get are in the environment, WANDB_API_KEY's shape, model.n
 model, the data splits are in the mirror (checks.py); verl overrides against verl's Hydra config + validate_config,
 the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery strategy against SkyPilot's
 registry, the accelerators of both against SkyPilot's catalog (local copy, `~/.sky/catalogs/v8`), and a lower-bound
-GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce), and the attention
-backend against what the nodes install (`check_attention`). infra.spot is
+GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce), each task's imports
+against what its setup installs (`node_imports`), and the attention backend against what the nodes install
+(`check_attention`). infra.spot is
 turned off, with a warning, where no catalog offer sells spot (checks.spot_choice, as the provider does).
 """
 
@@ -40,6 +41,7 @@ from verl_grpo.providers.skypilot.checks import (
     require_remote_store,
     with_spot_choice,
 )
+from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.cost import CostEstimate, available_catalog_clouds, estimate_cost, seed_catalog_cache
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
 from verl_grpo.layout import dataset_dir, eval_spec
@@ -114,6 +116,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
             report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
                                  f"({', '.join(report.costs.clouds)})")
             checks.run(check_eval_task, cfg, boundary, env, report.yamls)
+        checks.run(check_node_imports, report.yamls)
         checks.run(check_gpu_memory, cfg)
     checks.run(check_attention, cfg)
     report.seconds = time.perf_counter() - start

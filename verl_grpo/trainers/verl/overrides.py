@@ -76,10 +76,14 @@ def gpus_per_node(cfg: RunConfig) -> int:
 
 
 def trackers(env: Mapping[str, str] | None = None) -> list[str]:
-    """verl trainer.logger: console, MLflow and verl's JSONL `file` logger (→ metrics.jsonl) always; W&B only when
-    WANDB_API_KEY is in the environment."""
+    """verl trainer.logger: console and verl's JSONL `file` logger (→ the run's metrics.jsonl, which registration
+    logs to your MLflow as `train/<metric>` per step); W&B only when WANDB_API_KEY is in the environment.
+
+    Not verl's `mlflow` logger: the nodes have no mlflow (verl[vllm] does not bring it, and its server-side
+    dependencies are not needed there), and with the embedded SQLite default its `sqlite:////tmp/mlruns.db` on the
+    node would be lost with the node."""
     env = os.environ if env is None else env
-    return ["console", "mlflow", "file"] + (["wandb"] if env.get("WANDB_API_KEY") else [])
+    return ["console", "file"] + (["wandb"] if env.get("WANDB_API_KEY") else [])
 
 
 def verl_overrides(
