@@ -283,7 +283,8 @@ def test_env_knobs_at_launch_change_main_ppo_as_in_the_seeds():
 
 def test_grad_accum_at_launch_sets_the_train_and_mini_batch():
     args = _main_ppo_args("multinode", {"BATCH_SIZE": "2", "GRAD_ACCUM": "16"})
-    assert args["data.train_batch_size"] == "32" and args["actor_rollout_ref.actor.ppo_mini_batch_size"] == "32"
+    # four updates per step (verl.ppo_mini_batches): the mini batch follows the train batch the knobs set
+    assert args["data.train_batch_size"] == "32" and args["actor_rollout_ref.actor.ppo_mini_batch_size"] == "8"
     assert args["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "2"
     assert args["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == "2"
 

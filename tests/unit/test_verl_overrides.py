@@ -146,3 +146,16 @@ def test_project_name_is_the_wandb_project_wandb_accepts():
     project = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={"WANDB_API_KEY": "k"}))["trainer.project_name"]
     assert project == cfg.wandb_project == "verl-grpo-gsm8k"
     assert Settings(project=project).project == project
+
+
+@pytest.mark.parametrize("extra, mini", [
+    (["algorithm.train_batch_size=32"], 8),  # the shipped gsm8k batch: four updates per step
+    (["algorithm.train_batch_size=6"], 2),  # the largest count up to 4 that divides the batch: 3
+    (["algorithm.train_batch_size=2"], 1),
+    (["algorithm.train_batch_size=1"], 1),
+    (["algorithm.train_batch_size=32", "verl.ppo_mini_batches=1"], 32),  # one update: every ratio is 1
+    (["algorithm.train_batch_size=32", "verl.ppo_mini_batch_size=16"], 16),
+])
+def test_a_step_updates_in_several_mini_batches_so_the_clip_acts(extra, mini):
+    o = _as_dict(verl_overrides(_cfg(*extra), FILES, PATHS, "r1", env={}))
+    assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == str(mini)

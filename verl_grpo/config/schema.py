@@ -328,8 +328,14 @@ class VerlConfig(_Section):
     lora_alpha: int = Field(16, ge=1)
     """LoRA alpha (scale = alpha / rank)."""
     ppo_mini_batch_size: int | None = Field(None, ge=1)
-    """Prompts per PPO mini-batch (several optimizer updates per step when smaller than train_batch_size);
-    None means algorithm.train_batch_size (one update per step)."""
+    """Prompts per PPO mini-batch (one optimizer update each); None splits the step's prompts into
+    verl.ppo_mini_batches."""
+    ppo_mini_batches: int = Field(4, ge=1)
+    """Optimizer updates per step when ppo_mini_batch_size is unset: the train batch split into this many
+    mini-batches (the largest count up to this that divides it), as verl's GRPO examples do (train_batch_size 1024,
+    ppo_mini_batch_size 256). With one update per step every importance ratio is 1 and algorithm.clip_low /
+    clip_high change nothing; from the second mini-batch on the policy has moved and the clip acts. verl's fully-async
+    trainer (skypilot.shape=rollout_group) takes as many mini-batches per step (async_training.require_batches)."""
     micro_batch_size_per_gpu: int = Field(4, ge=1)
     """Sequences per GPU per forward/backward pass (actor, ref and log-prob recomputation)."""
     attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"

@@ -82,9 +82,12 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
         if sep and key in literal:
             args.append(shlex.quote(arg))
             continue
-        var = KNOB_OF_OVERRIDE.get(key) if sep else None
         if key == f"{ACTOR}.ppo_mini_batch_size" and cfg.verl.ppo_mini_batch_size is None:
-            var = "TRAIN_BATCH_SIZE"  # one update per step: the mini batch follows the train batch
+            # the mini batch follows the train batch: TRAIN_BATCH_SIZE over the config's mini-batch count
+            count = cfg.algorithm.train_batch_size // int(value)
+            args.append(f'{key}="$TRAIN_BATCH_SIZE"' if count == 1 else f'{key}="$((TRAIN_BATCH_SIZE / {count}))"')
+            continue
+        var = KNOB_OF_OVERRIDE.get(key) if sep else None
         if var is None or envs.setdefault(var, value) != value:
             args.append(shlex.quote(arg))
         elif var not in OPTIONAL_KNOBS:

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
 from verl_grpo.trainers.loop.batch import replay_count
-from verl_grpo.trainers.verl.overrides import VerlPaths, gpus_per_node, uses_fully_async, verl_overrides
+from verl_grpo.trainers.verl.overrides import (VerlPaths, gpus_per_node, ppo_mini_batch_size, uses_fully_async,
+                                               verl_overrides)
 from verl_grpo.trainers.verl.replay import SETTING_KEYS as REPLAY_KEYS
 
 ENTRY_MODULE = "verl_grpo.trainers.verl.fully_async_entry"
@@ -41,7 +42,7 @@ def fully_async_overrides(
 ) -> list[str]:
     """The Hydra overrides of verl's fully_async_main for this run; user extra_overrides come last."""
     a, sync = cfg.algorithm, cfg.async_training.trigger_parameter_sync_step
-    mini = cfg.verl.ppo_mini_batch_size or a.train_batch_size
+    mini = ppo_mini_batch_size(cfg)
     if a.train_batch_size % mini:
         raise ConfigError(f"algorithm.train_batch_size ({a.train_batch_size}) is not a multiple of "
                           f"verl.ppo_mini_batch_size ({mini}); verl's fully-async trainer takes whole mini-batches "
@@ -106,7 +107,7 @@ def knob_expressions(cfg: RunConfig) -> dict[str, str]:
         "rollout.total_rollout_steps": "TOTAL_STEPS * TRAIN_BATCH_SIZE",
         "trainer.total_training_steps": f"TOTAL_STEPS / {sync}",
     }
-    if mini is not None:  # else the mini-batch is TRAIN_BATCH_SIZE itself and require_batches stays 1
+    if mini is not None:  # else the mini-batch is TRAIN_BATCH_SIZE / require_batches (knobs.knob_task)
         out["async_training.require_batches"] = f"TRAIN_BATCH_SIZE / {mini}"
     return out
 

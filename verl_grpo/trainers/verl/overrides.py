@@ -75,6 +75,18 @@ def gpus_per_node(cfg: RunConfig) -> int:
     return int(n)
 
 
+def ppo_mini_batch_size(cfg: RunConfig) -> int:
+    """verl.ppo_mini_batch_size, else the train batch over the largest count <= verl.ppo_mini_batches dividing it."""
+    if cfg.verl.ppo_mini_batch_size is not None:
+        return cfg.verl.ppo_mini_batch_size
+    batch = cfg.algorithm.train_batch_size
+    return batch // mini_batch_count(batch, cfg.verl.ppo_mini_batches)
+
+
+def mini_batch_count(batch: int, at_most: int) -> int:
+    return max(k for k in range(1, min(at_most, batch) + 1) if batch % k == 0)
+
+
 def trackers(env: Mapping[str, str] | None = None) -> list[str]:
     """verl trainer.logger: console and verl's JSONL `file` logger (→ the run's metrics.jsonl, which registration
     logs to your MLflow as `train/<metric>` per step); W&B only when WANDB_API_KEY is in the environment.
@@ -105,7 +117,7 @@ def verl_overrides(
     a, v = cfg.algorithm, cfg.verl
     model = cluster_model_path(cfg.model.name, paths.model_path)
     n_gpus = gpus_per_node(cfg)
-    mini = v.ppo_mini_batch_size or a.train_batch_size
+    mini = ppo_mini_batch_size(cfg)
     if mini > a.train_batch_size:
         raise ConfigError(f"verl.ppo_mini_batch_size ({mini}) exceeds algorithm.train_batch_size "
                           f"({a.train_batch_size}); lower it or leave it unset")
