@@ -374,3 +374,13 @@ def test_imports_a_module_runs_when_imported_count_and_guarded_or_lazy_ones_do_n
     names = set(node_imports._import_names(ast.parse(source), "verl_grpo.pkg"))
     assert {"a_top", "verl_grpo.pkg.sibling", "verl_grpo.pkg.sibling.x", "class_level"} <= names
     assert not names & {"optional_one", "typing_only", "lazy_one"}
+
+
+def test_the_rendered_setup_ends_with_the_preflight_of_its_run():
+    docs = list(yaml.safe_load_all(_render("job_group", {}).yaml))
+    trainer = next(d for d in docs if d.get("name") == "verl-trainer")
+    last = trainer["setup"].strip().splitlines()[-1]
+    assert last.split()[:3] == ["python", "-m", "verl_grpo.trainers.verl.preflight"]
+    assert {"verl", "tenacity", "math_verify", "fsspec"} <= set(last.split()[3:])  # restore imports tenacity first
+    services = [d for d in docs if d.get("name", "").endswith("-server")]
+    assert services and not any("preflight" in d["setup"] for d in services)

@@ -63,9 +63,14 @@ def check_node_imports(yamls: Mapping[str, str]) -> list[str]:
     return lines
 
 
+def entry_modules(script: str) -> set[str]:
+    """The verl_grpo modules a script runs: `python -m`, `pkg://` and `module.Class` paths handed to verl."""
+    return {a or b for a, b in _ENTRY.findall(script)}
+
+
 def needed_imports(script: str) -> dict[str, str]:
     """Top-level third-party import name → the first node module (or verl logger) that imports it."""
-    entries = {a or b for a, b in _ENTRY.findall(script)}
+    entries = entry_modules(script)
     needed: dict[str, str] = {}
     for module in sorted(_closure(entries)):
         for name in _third_party(module):

@@ -32,6 +32,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.paths import repo_root
 from verl_grpo.privacy import quiet_env
 from verl_grpo.providers.skypilot.knobs import knob_task
+from verl_grpo.providers.skypilot.node_imports import needed_imports
 from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.store import local_path
@@ -183,6 +184,20 @@ def venv_setup(packages: list[str] | tuple[str, ...]) -> list[str]:
         f"uv pip install {shlex.join(packages)}",
         "uv pip install --no-deps -e .",
     ]
+
+
+PREFLIGHT_MODULE = "verl_grpo.trainers.verl.preflight"
+
+
+def preflight_line(cfg: RunConfig, spec: TrainSpec) -> str:
+    """The trainer task's last setup line: find every package its run imports (verl_grpo.trainers.verl.preflight),
+    so a missing one fails setup, which SkyPilot does not retry, rather than run, which it restarts."""
+    main = spec.command[spec.command.index("-m") + 1]
+    run = " ".join([*spec.command, *restore_command(spec.env), *finalize_command(cfg)])
+    packages = {main.split(".")[0], *needed_imports(run)} - {"verl_grpo"}
+    if cfg.verl.attn_implementation == "flash_attention_2":
+        packages.add("flash_attn")
+    return shlex.join(["python", "-m", PREFLIGHT_MODULE, *sorted(packages)])
 
 
 def _bound(before: list[str], after: list[str]) -> str:
@@ -352,7 +367,8 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "knob_envs": knobs.envs,
         # The token's value is never rendered: services_token_secret gives it at launch.
         "secrets": list(dict.fromkeys(secret_names(env) + ([cfg.services.token_env] if runs_services(cfg) else []))),
-        "setup": venv_setup(cluster_packages(cfg, engine)),
+        "setup": [*venv_setup(cluster_packages(cfg, engine)), preflight_line(cfg, spec)],
+        "service_setup": venv_setup(cluster_packages(cfg, engine)),
         "exports": [],
         "knob_prelude": knobs.prelude,
         "train_command": knobs.train_command,
