@@ -13,10 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from verl_grpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+# torch and transformers are imported where they are used: every CLI and flow process imports this module through
+# the evaluate step, and their import alone costs seconds of CPU that most of those processes never need.
 
 Progress = Callable[[int, int], None]
 
@@ -74,6 +79,8 @@ class HFGenerator:
 
     def generate(self, prompts: Sequence[str], params: GenerationParams,
                  progress: Progress | None = None) -> list[list[Generation]]:
+        import torch
+
         previous = torch.get_num_threads()
         # More torch threads than free cores makes CPU decoding several times slower, not faster.
         torch.set_num_threads(self.threads or previous)
@@ -92,6 +99,9 @@ def check_chat_template(tokenizer: Any, model_dir: Path | str) -> None:
 
 def load_model(model_dir: Path, dtype: str = "float32") -> tuple[Any, PreTrainedTokenizerBase]:
     """Model in eval mode and a left-padding tokenizer with a pad token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -118,6 +128,8 @@ def generate(
     progress: Progress | None = None,
 ) -> list[list[Generation]]:
     """`params.samples` generations per prompt, in the order of `prompts`."""
+    import torch
+
     encoded = encode_prompts(tokenizer, prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
     results: list[list[Generation]] = [[] for _ in prompts]
@@ -141,6 +153,8 @@ def generate(
 
 
 def _generation_config(model: Any, tokenizer: PreTrainedTokenizerBase, params: GenerationParams) -> GenerationConfig:
+    from transformers import GenerationConfig
+
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
