@@ -342,7 +342,7 @@ def test_rollout_group_with_replay_passes_the_settings_to_the_entry_beside_the_b
 @pytest.mark.parametrize("shape", ["multinode", "job_group", "rollout_group"])
 def test_every_task_installs_what_its_nodes_import(shape):
     lines = check_node_imports({shape: _render(shape, {}).yaml})
-    assert lines and all("all installed by its setup" in line for line in lines)
+    assert lines and all("setup installs uv verl[vllm]==0.9.1 " in line and "it brings all" in line for line in lines)
     trainer = next(line for line in lines if "verl-grpo-run-1'" in line or "verl-trainer'" in line)
     assert "tenacity" in trainer  # verl_grpo.retry / checkpoints import it at module level, restore runs first
 

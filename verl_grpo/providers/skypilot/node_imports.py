@@ -49,14 +49,15 @@ def check_node_imports(yamls: Mapping[str, str]) -> list[str]:
                 continue
             label = task.get("name") or name
             needed = needed_imports(f"{task.get('setup') or ''}\n{task['run']}")
-            provided = provided_imports(setup_requirements(task.get("setup") or ""))
+            requirements = setup_requirements(task.get("setup") or "")
+            provided = provided_imports(requirements)
             missing = {imp: why for imp, why in needed.items() if imp not in provided}
             if missing:
                 problems.append(f"task {label!r} imports {', '.join(f'{imp} ({why})' for imp, why in sorted(missing.items()))} "
                                 "which its setup does not install")
             else:
-                lines.append(f"node imports of task {label!r} ({len(needed)} packages: {', '.join(sorted(needed))}) "
-                             "all installed by its setup")
+                lines.append(f"task {label!r}: setup installs {' '.join(requirements)}; it brings all "
+                             f"{len(needed)} packages the task imports ({', '.join(sorted(needed))})")
     if problems:
         raise ConfigError("; ".join(problems) + "; add them to CLUSTER_RUNTIME (verl_grpo/providers/skypilot/"
                           "templates.py) or to skypilot.node_packages")
