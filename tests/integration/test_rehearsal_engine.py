@@ -264,6 +264,24 @@ def test_yaml_skypilot_rejects_is_failed_prechecks(rehearsal):
     assert "no_such_field" in next(r for r in sky.queue() if r.job_id == job_id).failure_reason
 
 
+def test_a_job_listed_before_its_controller_pid_is_recorded_keeps_its_secrets(rehearsal, workdir, monkeypatch):
+    """A poller (the provider's watch, `verl-grpo jobs`) listing the queue while `_submit` starts the controller read
+    the job as dead and deleted the secrets its controller was about to read (an intermittent xdist failure)."""
+    listed: list[tuple[int, str]] = []
+    record_pid = sky._update_state
+
+    def list_the_queue_first(path, **fields):
+        listed.extend((r.job_id, r.status) for r in sky.queue())
+        record_pid(path, **fields)
+
+    monkeypatch.setattr(sky, "_update_state", list_the_queue_first)
+    yaml = task_yaml(name="t", workdir=str(workdir), secrets={"MY_TOKEN": None}, run='test "$MY_TOKEN" = tok-123')
+    job_id = sky.launch_managed(yaml, "early-listing", {"MY_TOKEN": "tok-123"}, job_group=False)
+    monkeypatch.setattr(sky, "_update_state", record_pid)
+    assert (job_id, "PENDING") in listed
+    assert wait(job_id)[0] == "SUCCEEDED"
+
+
 def test_dead_controller_is_failed_controller(rehearsal, workdir):
     job_id = sky.launch_managed(task_yaml(name="t", workdir=str(workdir), run="sleep 300"), "orphan", {}, False)
     path = rehearsal / "jobs" / str(job_id)

@@ -45,6 +45,9 @@ MANAGED_TERMINAL = frozenset((
     "CANCELLED"))
 CLUSTER_TERMINAL = frozenset(("SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"))
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+CONTROLLER_START_S = 60.0
+"""How long a submitted job may go without a recorded controller pid before it counts as dead (the submitting
+process died between starting the controller and recording it)."""
 """The checkout whose `verl_grpo` the controller runs (put on its PYTHONPATH)."""
 
 
@@ -292,7 +295,9 @@ def _controller_alive(path: Path) -> bool:
     """Whether the job's controller process runs (not a zombie, and really this job's controller)."""
     pid = _read_json(path / "state.json").get("controller_pid")
     if not pid:
-        return False
+        # `_submit` records the pid just after starting the controller: a job listed before that is starting, not
+        # dead (reading it as dead deleted the secrets the controller was about to read).
+        return time.time() - float(_read_json(path / "job.json").get("submitted_at", 0)) < CONTROLLER_START_S
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
