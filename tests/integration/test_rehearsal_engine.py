@@ -171,7 +171,8 @@ def test_two_injected_preemptions_recover_and_succeed(rehearsal, workdir, monkey
 
 def test_job_group_primary_reaches_auxiliary_by_name_and_auxiliary_stops_after_delay(rehearsal, workdir):
     port = free_port()
-    header = {"name": "grp", "execution": "parallel", "primary_tasks": ["trainer"], "termination_delay": "2s"}
+    header = {"name": "grp", "execution": "parallel", "inter_connection": True, "primary_tasks": ["trainer"],
+              "termination_delay": "2s"}
     aux = {"name": "web", "run": f"python -m http.server --bind 127.0.0.1 {port}"}
     reach = (f"import time, urllib.request\nurl = 'http://web-0.grp:{port}/'\n"
              "for _ in range(100):\n"
@@ -191,6 +192,18 @@ def test_job_group_primary_reaches_auxiliary_by_name_and_auxiliary_stops_after_d
     trainer_end = next(e["ts"] for e in events(job_id, "task_ended") if e["task"] == "trainer")
     assert events(job_id, "auxiliary_terminating")[0]["delay_s"] == 2
     assert events(job_id, "auxiliary_terminated")[0]["ts"] - trainer_end >= 1.9
+
+
+def test_a_job_group_off_kubernetes_resolves_no_task_hostnames(rehearsal, workdir):
+    """What the first launch on a VM cloud would have met: SkyPilot names a group's tasks only on Kubernetes."""
+    header = {"name": "grp", "execution": "parallel", "primary_tasks": ["trainer"], "termination_delay": "1s"}
+    aux = {"name": "web", "run": "sleep 60"}
+    trainer = {"name": "trainer", "workdir": str(workdir), "run": "getent hosts web-0.grp"}
+    yaml = "\n---\n".join(json.dumps(doc) for doc in (header, aux, trainer))
+    job_id = sky.launch_managed(yaml, "grp", {}, job_group=True)
+    assert wait(job_id)[0] == "FAILED"
+    lines = list(sky.tail_logs(job_id, follow=False))
+    assert any("gives job-group hostnames only on Kubernetes" in line for line in lines)
 
 
 def test_cancel_kills_every_node(rehearsal, workdir):

@@ -67,7 +67,8 @@ def _job_group(token_env: str, port: int) -> str:
     the trainer reaching it at `reward-server-0.<group>`, the token declared by name under `secrets:`."""
     spec = SERVICES["reward"]
     secrets = {token_env: None}
-    header = {"name": GROUP, "execution": "parallel", "primary_tasks": ["trainer"], "termination_delay": "1s"}
+    header = {"name": GROUP, "execution": "parallel", "inter_connection": True, "primary_tasks": ["trainer"],
+              "termination_delay": "1s"}
     server = {"name": spec.task, "workdir": str(REPO), "secrets": secrets,
               "run": f"{templates.NODE_IP_LINE}\npython -m {spec.module} serve --host \"$NODE_IP\" --port {port} "
                      f"--token-env {token_env} --exit-with-parent"}

@@ -145,3 +145,18 @@ def test_a_secret_value_in_the_rendered_yaml_fails_the_dry_run():
     leaky = templates.RenderedTask("verl-grpo-x", "job_group", "envs:\n  WANDB: wandb-value-123\n")
     with pytest.raises(ConfigError, match="contains the value of WANDB_API_KEY"):
         dry_run._check_launch_secrets(cfg, leaky, None, {"WANDB_API_KEY": "wandb-value-123"})
+
+
+def test_a_job_group_on_a_vm_cloud_is_refused_naming_skypilot_cloud():
+    """SkyPilot 0.14.1 gives a job group's tasks hostnames only on Kubernetes: the trainer would resolve no service."""
+    from verl_grpo.providers.skypilot.dry_run import check_placement
+
+    for shape in ("job_group", "rollout_group"):
+        with pytest.raises(ConfigError) as e:
+            check_placement(_cfg(f"skypilot.shape={shape}", "skypilot.cloud=lambda"))
+        assert _one_line(e).startswith(f"skypilot.shape={shape} reaches its services by job-group hostnames")
+        assert "skypilot.cloud=kubernetes" in str(e.value)
+        assert "Kubernetes (job-group hostnames" in check_placement(
+            _cfg(f"skypilot.shape={shape}", "skypilot.cloud=kubernetes"))
+        assert check_placement(_cfg(f"skypilot.shape={shape}")).startswith("placement: Kubernetes only")
+    assert "SKYPILOT_NODE_IPS" in check_placement(_cfg("skypilot.cloud=lambda", "infra.nodes=2"))

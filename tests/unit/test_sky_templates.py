@@ -384,3 +384,12 @@ def test_the_rendered_setup_ends_with_the_preflight_of_its_run():
     assert {"verl", "tenacity", "math_verify", "fsspec"} <= set(last.split()[3:])  # restore imports tenacity first
     services = [d for d in docs if d.get("name", "").endswith("-server")]
     assert services and not any("preflight" in d["setup"] for d in services)
+
+
+@pytest.mark.parametrize("shape", ["job_group", "rollout_group"])
+def test_a_group_asks_skypilot_for_in_group_networking(shape):
+    """`inter_connection: true`: SkyPilot's optimizer then places the group on Kubernetes or refuses it before
+    provisioning, instead of launching services the trainer cannot resolve."""
+    from verl_grpo.providers.skypilot.boundary import load_job_group
+
+    assert load_job_group(_render(shape, {}).yaml).inter_connection is True

@@ -234,7 +234,7 @@ class TaskRun:
         if isinstance(self.task.workdir, str):
             sync_workdir(Path(self.task.workdir).expanduser(), workdir)
         hosts = Path("/etc/hosts").read_text()
-        if self.job.group_name:
+        if self.job.group_name and self.job.group_hostnames:
             names = [f"127.0.0.1 {t.name}-{r}.{self.job.group_name}"
                      for t in self.job.tasks for r in range(int(t.task.num_nodes or 1))]
             hosts = hosts.rstrip("\n") + "\n# rehearsal: job group hosts\n" + "\n".join(names) + "\n"
@@ -404,6 +404,8 @@ class JobController:
         self.secrets: dict[str, str] = {}
         self.tasks: list[TaskRun] = []
         self.group_name: str | None = None
+        self.group_hostnames = False
+        """Whether the group's tasks resolve `<task>-<rank>.<group>`: only where SkyPilot gives job-group hostnames."""
         self.primaries_done = False
         self.termination_delay: dict[str, int] = {}
         self.keep_paths = _paths_to_keep_under_tmp([Path(self.info["state_dir"]), PACKAGE_ROOT,
@@ -465,6 +467,11 @@ class JobController:
         if self.info.get("job_group"):
             dag = boundary.load_job_group(yaml_str, self.secrets)
             self.group_name = str(dag.name)
+            self.group_hostnames = dag.inter_connection is True or all(_on_kubernetes(t) for t in dag.tasks)
+            if not self.group_hostnames:
+                self.log.say("rehearsal: this job group neither sets `inter_connection: true` nor pins every task to "
+                             "Kubernetes: SkyPilot 0.14.1 gives job-group hostnames only on Kubernetes "
+                             "(sky/optimizer.py), so its tasks resolve none of `<task>-<rank>.<group>` here either")
             primaries = list(dag.primary_tasks or []) or [t.name for t in dag.tasks]
             first_primary = next(t.name for t in dag.tasks if t.name in primaries)
             self.tasks = [TaskRun(self, i, t, t.name in primaries, watch_steps=t.name == first_primary)
@@ -635,6 +642,10 @@ exec sleep infinity
 def _paths_to_keep_under_tmp(paths: list[Path]) -> list[Path]:
     inside = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp") and p.resolve() != Path("/tmp")})
     return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+
+
+def _on_kubernetes(task: Any) -> bool:
+    return any(str(r.cloud).lower() == "kubernetes" for r in (task.resources or ()) if r.cloud is not None)
 
 
 def _max_restarts_on_errors(task: Any) -> int:

@@ -47,7 +47,7 @@ from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_sec
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
-from verl_grpo.trainers.verl.overrides import cluster_model_path, gpus_per_node, uses_fully_async
+from verl_grpo.trainers.verl.overrides import cluster_model_path, cluster_nodes, gpus_per_node, uses_fully_async
 
 DRY_RUN_ID = "dry-run"
 GPU_MEMORY_GIB = {"H100": 80, "H100-MEGA": 80, "H200": 141, "B200": 180, "GH200": 96, "A100": 40, "A100-80GB": 80,
@@ -100,7 +100,10 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     checks.run(check_wandb_key, env)
     checks.run(check_model_name, cfg)
     checks.run(check_data, cfg)
-    if cfg.infra.accelerators:
+    checks.run(check_placement, cfg)
+    if cfg.infra.accelerators and on_kubernetes(cfg):
+        report.checks.append("cost and eval GPUs not priced: Kubernetes capacity is your cluster's, in no catalog")
+    elif cfg.infra.accelerators:
         seed_catalog_cache(boundary)
         cfg, warning = with_spot_choice(cfg, boundary)
         report.warnings += [warning] if warning else []
@@ -109,14 +112,15 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     if cluster is not None:
         checks.run(_render_training, cfg, boundary, env, cluster, check_reward, report)
     checks.run(_check_recovery_strategy, cfg, boundary)
-    if cfg.infra.accelerators:
+    if cfg.infra.accelerators and not on_kubernetes(cfg):
         costs = checks.run(estimate_cost, cfg, boundary, line=False)
         if costs is not None:
             report.costs = costs
             report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
                                  f"({', '.join(report.costs.clouds)})")
             checks.run(check_eval_task, cfg, boundary, env, report.yamls)
-        checks.run(check_node_imports, report.yamls)
+    checks.run(check_node_imports, report.yamls)
+    if cfg.infra.accelerators:
         checks.run(check_gpu_memory, cfg)
     checks.run(check_attention, cfg)
     report.seconds = time.perf_counter() - start
@@ -292,6 +296,28 @@ def check_gpu_memory(cfg: RunConfig) -> str:
                 f"GiB weights in the {rollout:.1f} GiB rollout share of the rollout GPUs, of {total} GiB per {gpu}")
     return (f"GPU memory fits (lower bound): {train:.1f} GiB training state + {rollout:.1f} GiB rollout share of "
             f"{total} GiB per {gpu}")
+
+
+def on_kubernetes(cfg: RunConfig) -> bool:
+    return (cfg.skypilot.cloud or "").lower() == "kubernetes"
+
+
+def check_placement(cfg: RunConfig) -> str:
+    """Where the tasks can reach each other: a multinode cluster's nodes by SKYPILOT_NODE_IPS anywhere; a job or
+    rollout group's services by `<task>-0.${SKYPILOT_JOBGROUP_NAME}` hostnames, which SkyPilot 0.14.1 gives only on
+    Kubernetes (sky/optimizer.py; the rendered group sets `inter_connection: true` so SkyPilot enforces it)."""
+    sp = cfg.skypilot
+    if sp.shape == "multinode":
+        return (f"placement: one cluster of {cluster_nodes(cfg)} node(s), which find each other by "
+                "SKYPILOT_NODE_IPS (no hostname discovery needed)")
+    if sp.cloud and not on_kubernetes(cfg):
+        raise ConfigError(f"skypilot.shape={sp.shape} reaches its services by job-group hostnames, which SkyPilot "
+                          f"gives only on Kubernetes, not on skypilot.cloud={sp.cloud}; set "
+                          "skypilot.cloud=kubernetes or use skypilot.shape=multinode")
+    if on_kubernetes(cfg):
+        return "placement: Kubernetes (job-group hostnames for the services; inter_connection: true)"
+    return ("placement: Kubernetes only (inter_connection: true: SkyPilot refuses any other cloud before "
+            "provisioning); the cost table below prices the catalog's VM clouds, not your cluster")
 
 
 def check_attention(cfg: RunConfig) -> str:
