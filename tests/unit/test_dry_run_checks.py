@@ -160,3 +160,16 @@ def test_a_job_group_on_a_vm_cloud_is_refused_naming_skypilot_cloud():
             _cfg(f"skypilot.shape={shape}", "skypilot.cloud=kubernetes"))
         assert check_placement(_cfg(f"skypilot.shape={shape}")).startswith("placement: Kubernetes only")
     assert "SKYPILOT_NODE_IPS" in check_placement(_cfg("skypilot.cloud=lambda", "infra.nodes=2"))
+
+
+def test_the_credential_path_is_named_and_a_mount_without_credentials_is_warned_of():
+    from verl_grpo.providers.skypilot.dry_run import credential_path
+
+    keys = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET}
+    line, warning = credential_path(_cfg(), keys)
+    assert line.endswith("with the task's AWS secrets (s3fs); no bucket is mounted") and warning is None
+    line, warning = credential_path(_cfg("infra.nodes=2", "skypilot.cloud=lambda"), keys)
+    assert "no credentials off AWS" in line
+    assert "\n" not in warning and "skypilot.cloud=aws" in warning and "~/.aws/credentials" in warning
+    assert SECRET not in warning and "AKIAEXAMPLE" not in warning
+    assert credential_path(_cfg("infra.nodes=2", "skypilot.cloud=aws"), keys)[1] is None

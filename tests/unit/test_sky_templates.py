@@ -76,11 +76,13 @@ def test_secrets_by_name_only_and_trainer_is_primary(shape):
     trainer = tasks[-1]
     assert trainer["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
     assert trainer["resources"]["use_spot"] is True and trainer["num_nodes"] == cluster_nodes(_cfg(shape))
-    assert trainer["file_mounts"] == {MOUNT: "s3://bucket/store/datasets/gsm8k/abc123",
-                                      "/tmp/verl-grpo/checkpoints/run-1": {"source": CKPT_MOUNT,
+    # The data is fetched by restore with the task's secrets: SkyPilot would sync a data mount with credentials
+    # it uploads only from ~/.aws/credentials, none when they come from the environment.
+    assert trainer["file_mounts"] == {"/tmp/verl-grpo/checkpoints/run-1": {"source": CKPT_MOUNT,
                                                                            "mode": "MOUNT_CACHED"}}
+    assert f"--dataset-uri s3://bucket/store/datasets/gsm8k/abc123 --dataset-dir {MOUNT}" in trainer["run"]
     for service in tasks[:-1]:  # only the trainer's nodes write checkpoints
-        assert "/tmp/verl-grpo/checkpoints/run-1" not in service.get("file_mounts", {})
+        assert "file_mounts" not in service
     if rendered.is_job_group:
         assert docs[0]["execution"] == "parallel" and docs[0]["primary_tasks"] == ["verl-trainer"]
 

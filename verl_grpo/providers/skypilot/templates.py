@@ -35,7 +35,6 @@ from verl_grpo.providers.skypilot.knobs import knob_task
 from verl_grpo.providers.skypilot.node_imports import needed_imports
 from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
-from verl_grpo.store import local_path
 from verl_grpo.trainers.verl.backend import (
     DATASET_URI_ENV,
     MOUNTS,
@@ -334,12 +333,6 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         envs.update(token_env_exports(cfg.services.token_env))
     if cfg.storage.endpoint_url:
         envs["AWS_ENDPOINT_URL"] = cfg.storage.endpoint_url
-    mounts = {}
-    # `sky exec` on an existing cluster syncs no file mounts: the restore entry fetches the dataset instead.
-    for uri_env, mount_env in MOUNTS if not sp.cluster else ():
-        if mount_env in spec.env:
-            uri = spec.env[uri_env]
-            mounts[spec.env[mount_env]] = str(local_path(uri)) if uri.startswith("file://") else uri
     engine = cfg.verl.rollout_engine
     fully_async = uses_fully_async(cfg)
     knobs = knob_task(cfg, spec.command, retrieval_available="retrieval" in cfg.services.enabled,
@@ -362,7 +355,11 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "max_restarts_on_errors": sp.max_restarts_on_errors,
         "termination_delay": sp.termination_delay,
         "workdir": workdir or str(repo_root() or Path.cwd()),
-        "file_mounts": mounts,
+        # No data file_mounts: SkyPilot would sync an s3:// mount at provisioning with credentials it uploads only from
+        # ~/.aws/credentials (none for credentials from the environment, sky/clouds/aws.py), so on a non-AWS cloud
+        # provisioning fails. Every node's restore entry fetches the dataset (and a shipped model) with the task's
+        # secrets instead, as it does on `sky exec`, which syncs no mounts.
+        "file_mounts": {},
         "envs": dict(sorted(envs.items())),
         "knob_envs": knobs.envs,
         # The token's value is never rendered: services_token_secret gives it at launch.
