@@ -291,6 +291,11 @@ def test_grad_accum_at_launch_sets_the_train_and_mini_batch():
     assert args["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == "2"
 
 
+def test_a_train_batch_below_the_mini_batch_count_at_launch_trains_in_mini_batches_of_one():
+    args = _main_ppo_args("multinode", {"TRAIN_BATCH_SIZE": "2"})
+    assert args["data.train_batch_size"] == "2" and args["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"
+
+
 def test_use_retrieval_at_launch_turns_the_search_tool_off():
     on = _main_ppo_args("job_group", {})
     assert on["actor_rollout_ref.rollout.multi_turn.enable"] == "True"

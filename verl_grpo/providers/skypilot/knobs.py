@@ -84,8 +84,10 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
             continue
         if key == f"{ACTOR}.ppo_mini_batch_size" and cfg.verl.ppo_mini_batch_size is None:
             # the mini batch follows the train batch: TRAIN_BATCH_SIZE over the config's mini-batch count
+            # (at least 1: a TRAIN_BATCH_SIZE below the count at launch still trains, in mini-batches of one)
             count = cfg.algorithm.train_batch_size // int(value)
-            args.append(f'{key}="$TRAIN_BATCH_SIZE"' if count == 1 else f'{key}="$((TRAIN_BATCH_SIZE / {count}))"')
+            mini = f"TRAIN_BATCH_SIZE >= {count} ? TRAIN_BATCH_SIZE / {count} : 1"
+            args.append(f'{key}="$TRAIN_BATCH_SIZE"' if count == 1 else f'{key}="$(({mini}))"')
             continue
         var = KNOB_OF_OVERRIDE.get(key) if sep else None
         if var is None or envs.setdefault(var, value) != value:
