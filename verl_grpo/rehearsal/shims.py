@@ -22,6 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from verl_grpo.pip_args import install_args
 from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
@@ -40,11 +41,6 @@ SHIM_NAMES = ("python", "python3", "pip", "uv")
 SHIMMED_TOOLS = frozenset(("uv",))
 """Tools setup installs to run them next; on a rehearsal node the shim of the same name stands in for them, so this
 interpreter need not have them (a clean checkout's venv has no uv)."""
-# pip/uv options that take a value (the value is not a requirement).
-_VALUED_OPTIONS = frozenset((
-    "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-c", "--constraint", "--torch-backend",
-    "--python", "-p", "--prefix", "--target", "-t", "--cache-dir", "--index-strategy", "--trusted-host",
-    "--upgrade-package", "-P", "--extra", "--group", "--override"))
 
 
 def write_shims(shims_dir: Path, real_python: str, package_root: Path) -> None:
@@ -159,20 +155,17 @@ def check_install(args: list[str]) -> int:
     specs: list[str] = []
     projects: list[Path] = []
     no_deps = "--no-deps" in args
-    it = iter(args)
-    for arg in it:
-        if arg in ("-e", "--editable"):
-            projects.append(Path(next(it, ".")))
-        elif arg in ("-r", "--requirement"):
-            specs += _read_requirements(Path(next(it, "")))
-        elif arg in _VALUED_OPTIONS:
-            next(it, None)
-        elif arg.startswith("-"):
+    for option, word in install_args(args):
+        if option in ("-e", "--editable"):
+            projects.append(Path("." if word is None else word))
+        elif option in ("-r", "--requirement"):
+            specs += _read_requirements(Path(word or ""))
+        elif option is not None:
             continue
-        elif arg in (".", "..") or arg.startswith(("./", "/", "../")):
-            projects.append(Path(arg))
+        elif word in (".", "..") or word.startswith(("./", "/", "../")):
+            projects.append(Path(word))
         else:
-            specs.append(arg)
+            specs.append(word)
     failures: list[str] = []
     for project in projects:
         failures += _check_project(project, no_deps, specs)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from verl_grpo.config import ENV_KNOBS, RunConfig
-from verl_grpo.trainers.verl.overrides import tool_overrides
+from verl_grpo.trainers.verl.overrides import mini_batch_count, tool_overrides
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -85,7 +85,7 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
         if key == f"{ACTOR}.ppo_mini_batch_size" and cfg.verl.ppo_mini_batch_size is None:
             # the mini batch follows the train batch: TRAIN_BATCH_SIZE over the config's mini-batch count
             # (at least 1: a TRAIN_BATCH_SIZE below the count at launch still trains, in mini-batches of one)
-            count = cfg.algorithm.train_batch_size // int(value)
+            count = mini_batch_count(cfg.algorithm.train_batch_size, cfg.verl.ppo_mini_batches)
             mini = f"TRAIN_BATCH_SIZE >= {count} ? TRAIN_BATCH_SIZE / {count} : 1"
             args.append(f'{key}="$TRAIN_BATCH_SIZE"' if count == 1 else f'{key}="$(({mini}))"')
             continue

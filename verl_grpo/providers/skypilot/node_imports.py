@@ -25,6 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from verl_grpo.errors import ConfigError
+from verl_grpo.pip_args import install_args
 
 PACKAGE = "verl_grpo"
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
@@ -117,16 +118,9 @@ def provided_imports(requirements: Iterable[str]) -> set[str]:
 
 
 def _requirement_words(words: list[str]) -> list[str]:
-    out, skip = [], False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in ("-e", "--editable", "-r", "--requirement", "-c", "--constraint", "--python", "-p",
-                      "-i", "--index-url", "--extra-index-url", "-f", "--find-links"):
-            skip = True
-        elif not word.startswith("-") and not word.startswith((".", "/")):
-            out.append(word)
-    return out
+    """The requirements among an install line's words: not options or their values (editables and requirement
+    files included), nor local paths."""
+    return [word for option, word in install_args(words) if option is None and not word.startswith((".", "/"))]
 
 
 @cache
