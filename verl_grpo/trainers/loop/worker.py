@@ -10,8 +10,10 @@ import os
 import sys
 
 from verl_grpo.privacy import apply_quiet_env
+from verl_grpo.trainers.lean_imports import skip_unused_integrations
 
 apply_quiet_env()
+skip_unused_integrations()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from verl_grpo.trainers.trl.spec import load_spec  # noqa: E402

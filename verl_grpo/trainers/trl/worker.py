@@ -12,8 +12,10 @@ import os
 import sys
 
 from verl_grpo.privacy import apply_quiet_env
+from verl_grpo.trainers.lean_imports import skip_unused_integrations
 
 apply_quiet_env()
+skip_unused_integrations()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from transformers.utils import logging as hf_logging
