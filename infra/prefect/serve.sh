@@ -55,8 +55,9 @@ printf 'Prefect server healthy at %s in %.1f s (pid %s)\n' "$PREFECT_API_URL" "$
 
 # The MLflow UI over the same tracking store the worker's runs write (the config's default, in the state dir).
 export VERL_GRPO_MLFLOW_UI_STORE="$("$VENV/bin/verl-grpo" home | awk '$1 == "MLflow" {print $2}')"
-# Job execution serves MLflow's GenAI features (judges, scorers) through helper processes we do not need.
-MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid "$VENV/bin/mlflow" server --backend-store-uri "$VERL_GRPO_MLFLOW_UI_STORE" --host 127.0.0.1 --port "$MLFLOW_PORT" \
+# Job execution serves MLflow's GenAI features (judges, scorers) through helper processes we do not need; one
+# worker process serves one user's UI (MLflow starts 4 by default, each importing MLflow: CPU a trainer wants).
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid "$VENV/bin/mlflow" server --backend-store-uri "$VERL_GRPO_MLFLOW_UI_STORE" --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
   >"$PREFECT_HOME/mlflow.log" 2>&1 < /dev/null &
 echo $! >"$PREFECT_HOME/mlflow.pid"
 until curl -sf "$VERL_GRPO_MLFLOW_UI/health" >/dev/null; do
