@@ -1,4 +1,7 @@
-"""The whole `verl-grpo` Prefect flow on the tiny model: data, checkpoints, eval, MLflow, registered model."""
+"""The whole `verl-grpo` Prefect flow on the tiny model: data, checkpoints, eval, MLflow, registered model.
+
+The run evaluates in two shards on the thread runner, so the same run also shows that sharding changes no eval
+table or metric (`sharded_evals.py`, which tests/e2e/test_flow_ray.py checks on a local Ray too)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.store import Store
 
+from sharded_evals import check_sharded_evals
+
 pytestmark = pytest.mark.e2e
 
 
@@ -24,11 +29,12 @@ def prefect_harness():
         yield
 
 
-def test_flow_end_to_end(prefect_harness, tiny_overrides, tmp_path):
+def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness, tiny_overrides, tmp_path):
     from flows.verl_grpo import verl_grpo
 
-    summary = verl_grpo(config=["gsm8k"], overrides=tiny_overrides)
-    cfg = load_config(["gsm8k"], tiny_overrides)
+    overrides = [*tiny_overrides, "eval.shards=2"]
+    summary = verl_grpo(config=["gsm8k"], overrides=overrides)
+    cfg = load_config(["gsm8k"], overrides)
     store = Store.from_config(cfg.storage)
 
     # Data: verl-format parquet in the store.
@@ -70,6 +76,9 @@ def test_flow_end_to_end(prefect_harness, tiny_overrides, tmp_path):
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=5, do_sample=False)
     assert out.shape[1] > ids["input_ids"].shape[1]
+
+    # The two eval shards on threads equal one unsharded eval of the same models.
+    check_sharded_evals(summary, overrides)
 
 
 def _find_hf_dir(root: str) -> str:
