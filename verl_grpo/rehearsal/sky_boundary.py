@@ -300,10 +300,19 @@ def _controller_alive(path: Path) -> bool:
         return time.time() - float(_read_json(path / "job.json").get("submitted_at", 0)) < CONTROLLER_START_S
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        cmdline = _cmdline(int(pid))
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and str(path) in cmdline
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    # An empty cmdline is a process inside execve: `Popen` returns once the exec has closed its pipe, before the
+    # kernel has laid out the new program's arguments. On a busy machine a status read can land in that window
+    # (reading it as dead deleted the secrets the controller was about to read: FAILED_CONTROLLER in CI).
+    return not cmdline or str(path) in cmdline
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
 
 def _reap() -> None:
