@@ -15,11 +15,9 @@ RUN_ARGS ?=
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU build of torch lies on local disk; installing it first keeps the CUDA build out. --no-compile: pip
-	# would byte-compile all ~30,000 modules (2.3 of the install's 3.6 min); Python compiles the few thousand a
-	# run imports on first use instead (install + first `make run` on the tiny model: 322 -> ~205 s).
-	$(PY) -m pip install -q --no-compile torch==2.13.0
-	$(PY) -m pip install -q --no-compile -c requirements.lock -e '.[test]'
+	# The CPU build of torch lies on local disk; installing it first keeps the CUDA build out.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c requirements.lock -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
