@@ -82,13 +82,15 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
-    from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines
+    from verl_grpo.summary import curve_lines, metrics_heading, mlflow_ui_command, outcome_lines
 
     click.echo("")
     click.secho("verl-grpo run finished", fg="green", bold=True)
     delta = summary.get("delta")
     click.echo(f"  eval accuracy     {summary['accuracy']:.4f} on {summary['eval_split']}"
                f" (base {summary['base_accuracy']:.4f}, delta {delta:+.4f})")
+    if summary.get("grpo"):
+        click.echo(f"  GRPO's own share  {summary['grpo']}")
     click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  ({summary['decision']})")
     for line in summary.get("warnings", []):
         click.secho(f"  warning           {line}", fg="yellow")
@@ -100,7 +102,7 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     click.echo(f"  MLflow UI         {mlflow_ui_command(cfg.tracking.mlflow_uri)}")
     if summary.get("cloud_cost"):
         click.echo(f"  cloud cost        {summary['cloud_cost']}")
-    click.echo("  base -> trained, per eval metric (paired test on the same problems):")
+    click.echo(f"  {metrics_heading(summary)}")
     for line in outcome_lines(summary)[2:]:
         click.echo(f"    {line}")
     click.echo("  learning:")

@@ -1,4 +1,4 @@
-"""The chain's steps (verl_grpo.chain.Steps) as Prefect tasks: retries, logs and artifacts per step, and the two
+"""The chain's steps (verl_grpo.chain.Steps) as Prefect tasks: retries, logs and artifacts per step, and the
 evals running concurrently on the run's task runner."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from tasks.prepare import prepare_data
 from tasks.provision import provision, teardown
 from tasks.register import register
 from tasks.train import train, train_tag
-from verl_grpo.chain import ResolvedRun
-from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, TrainResult
-from verl_grpo.evaluate.held_out import RunModel
+from verl_grpo.chain import Evals, ResolvedRun
+from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
+from verl_grpo.evaluate.held_out import RunModel, WarmStartModel, warm_start_model
 
 
 class PrefectSteps:
@@ -26,16 +26,18 @@ class PrefectSteps:
     def train(self, run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult:
         return train.with_options(tags={train_tag(run)})(run, dataset, cluster)
 
-    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> tuple[EvalReport, EvalReport]:
-        """Base (cached across runs) and trained model at once, on threads or Ray workers (local or a cluster)."""
+    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
+        """Base (cached across runs), warm start (when the run had one) and trained model at once, on threads or Ray
+        workers (local or a cluster)."""
+        warm_uri = warm_start_model(run.cfg, run.run_id)
         with task_runner(run.cfg.orchestration) as runner:
             base = submit_eval(runner, run, dataset)
+            warm = submit_eval(runner, run, dataset, WarmStartModel(warm_uri)) if warm_uri else None
             trained = submit_eval(runner, run, dataset, RunModel(run.run_id, result.model_uri))
-            return base.result(), trained.result()
+            return Evals(base=base.result(), trained=trained.result(), warm_start=warm.result() if warm else None)
 
-    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                 base_report: EvalReport) -> ModelVersion:
-        return register(run, dataset, result, report, base_report, tracking_tags(run))
+    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion:
+        return register(run, dataset, result, evals, tracking_tags(run))
 
     def teardown(self, run: ResolvedRun, cluster: Cluster) -> None:
         teardown(run, cluster)

@@ -1,4 +1,4 @@
-"""Evaluation tasks: one task per model, or with eval.shards > 1 one task per shard plus one that scores them."""
+"""Evaluation tasks: one task per model (base, warm start, trained), or with eval.shards > 1 one task per shard plus one that scores them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tasks.policy import RETRIED_STEP
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.evaluate import held_out
-from verl_grpo.evaluate.held_out import RunModel
+from verl_grpo.evaluate.held_out import EvalTarget, RunModel, WarmStartModel
 from verl_grpo.evaluate.runner import EvalShard
 
 @task(name="evaluate", **RETRIED_STEP)
@@ -26,26 +26,34 @@ def evaluate_base(run: ResolvedRun, dataset: DatasetVersion) -> EvalReport:
     return held_out.evaluate_base(run.cfg, dataset)
 
 
+@task(name="evaluate-warm-start", **RETRIED_STEP)
+def evaluate_warm_start(run: ResolvedRun, dataset: DatasetVersion, warm_start: WarmStartModel) -> EvalReport:
+    """The run's warm-start model on the same split and settings; cached by its files."""
+    return held_out.evaluate_cached_model(run.cfg, dataset, warm_start.model_uri)
+
+
 @task(name="evaluate-shard", **RETRIED_STEP)
-def eval_shard(run: ResolvedRun, dataset: DatasetVersion, shard: int, trained: RunModel | None) -> EvalShard | None:
-    return held_out.generate_shard(run.cfg, dataset, shard, trained)
+def eval_shard(run: ResolvedRun, dataset: DatasetVersion, shard: int, model: EvalTarget) -> EvalShard | None:
+    return held_out.generate_shard(run.cfg, dataset, shard, model)
 
 
 @task(name="finish-eval", **RETRIED_STEP)
 def finish_eval(run: ResolvedRun, dataset: DatasetVersion, shards: Sequence[EvalShard | None],
-                trained: RunModel | None) -> EvalReport:
-    return held_out.score_shards(run.cfg, dataset, shards, trained)
+                model: EvalTarget) -> EvalReport:
+    return held_out.score_shards(run.cfg, dataset, shards, model)
 
 
 def submit_eval(runner: TaskRunner, run: ResolvedRun, dataset: DatasetVersion,
-                trained: RunModel | None = None) -> PrefectFuture[EvalReport]:
-    """Submit one model's eval to `runner`: the base model (trained None) or a run's trained model; split into
-    evaluate-shard tasks and a finish-eval task that waits for them when held_out.shard_count says so."""
-    shards = held_out.shard_count(run.cfg, trained=trained is not None)
+                model: EvalTarget = None) -> PrefectFuture[EvalReport]:
+    """Submit one model's eval to `runner`: the base model (model None), a run's warm start or its trained model;
+    split into evaluate-shard tasks and a finish-eval task that waits for them when held_out.shard_count says so."""
+    shards = held_out.shard_count(run.cfg, model)
     if shards == 1:
-        if trained is None:
+        if model is None:
             return runner.submit(evaluate_base, {"run": run, "dataset": dataset})
-        return runner.submit(evaluate, {"run": run, "dataset": dataset, "trained": trained})
-    parts = [runner.submit(eval_shard, {"run": run, "dataset": dataset, "shard": i, "trained": trained})
+        if isinstance(model, WarmStartModel):
+            return runner.submit(evaluate_warm_start, {"run": run, "dataset": dataset, "warm_start": model})
+        return runner.submit(evaluate, {"run": run, "dataset": dataset, "trained": model})
+    parts = [runner.submit(eval_shard, {"run": run, "dataset": dataset, "shard": i, "model": model})
              for i in range(shards)]
-    return runner.submit(finish_eval, {"run": run, "dataset": dataset, "shards": parts, "trained": trained})
+    return runner.submit(finish_eval, {"run": run, "dataset": dataset, "shards": parts, "model": model})

@@ -48,26 +48,37 @@ def mlflow_local_note(tracking_uri: str, mlflow_run_id: str) -> str:
             f"\n\nthen the run `{mlflow_run_id}` (or search `tags.verl_grpo.run_id`).\n")
 
 
-def eval_table(report: EvalReport, base: EvalReport) -> list[dict]:
-    """One row per metric: base model, trained model and the difference."""
+def eval_table(report: EvalReport, base: EvalReport, warm_start: EvalReport | None = None) -> list[dict]:
+    """One row per metric: base model, (warm-start model,) trained model and the difference to base (and, with a
+    warm start, GRPO's own difference: trained minus warm start)."""
     rows = []
-    for name in sorted(set(report.metrics) | set(base.metrics)):
+    for name in sorted(set(report.metrics) | set(base.metrics) | set(warm_start.metrics if warm_start else ())):
         trained, before = report.metrics.get(name), base.metrics.get(name)
-        delta = None if trained is None or before is None else round(trained - before, 6)
-        rows.append({"metric": name, "base": before, "trained": trained, "delta": delta})
+        row = {"metric": name, "base": before}
+        if warm_start is not None:
+            warm = warm_start.metrics.get(name)
+            row |= {"warm_start": warm, "trained": trained, "delta": _delta(trained, before),
+                    "delta_grpo": _delta(trained, warm)}
+        else:
+            row |= {"trained": trained, "delta": _delta(trained, before)}
+        rows.append(row)
     return rows
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else round(after - before, 6)
 
 
 def publish_summary(outcome: Outcome) -> dict:
     """The run's outcome where a user looks first: artifacts on the flow run itself (called from the flow's
     body, not as a task, so they show under the flow run) and the same lines in the flow run's log."""
     cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
-    report, base, version = outcome.report, outcome.base_report, outcome.version
+    report, base, warm, version = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start, outcome.version
     store = Store.from_config(cfg.storage)
-    changes = compare_to_base(report, base, store)
+    changes = compare_to_base(report, base, store, warm)
     curve = reward_curve(read_lines(store, result.metrics_uri) or [])
     summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes, curve,
-                           curve_png_location(store, run_id))
+                           curve_png_location(store, run_id), warm)
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
     link = f"[{version.mlflow_run_id}]({url})" if url else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)"
     logger = get_run_logger()
@@ -78,8 +89,9 @@ def publish_summary(outcome: Outcome) -> dict:
     for line in summary["warnings"]:
         logger.warning(line)
     create_markdown_artifact(summary_markdown(summary, link), key="run-summary", description=f"verl-grpo run {run_id}")
-    create_table_artifact(eval_table(report, base), key="eval-results",
-                          description=f"{run_id}: {report.split} n={report.n}, base vs trained")
+    create_table_artifact(eval_table(report, base, warm), key="eval-results",
+                          description=f"{run_id}: {report.split} n={report.n}, base vs "
+                                      f"{'warm start vs ' if warm else ''}trained")
     if url:
         create_link_artifact(url, link_text=f"MLflow run {version.mlflow_run_id}", key="mlflow-run")
     else:

@@ -1,4 +1,4 @@
-"""The pipeline's one chain: prepare → provision → train → evaluate (base and trained) → register, with teardown
+"""The pipeline's one chain: prepare → provision → train → evaluate (base, warm start, trained) → register, with teardown
 always and the run marked failed on any error.
 
 The Prefect flow (flows/verl_grpo.py), `pipeline.run_pipeline` and the CLI's partial commands all run `run_chain`;
@@ -27,6 +27,18 @@ class ResolvedRun:
     """True when run_id names a run begun earlier (it continues from its last committed checkpoint)."""
 
 
+@dataclass(frozen=True)
+class Evals:
+    """A run's held-out reports, all on the same problems and settings."""
+
+    base: EvalReport
+    """The base model (model.name), cached across runs."""
+    trained: EvalReport
+    warm_start: EvalReport | None = None
+    """The run's warm-start (SFT) model, cached by its files; None for a run without a warm start. Between it and
+    `trained` lies what GRPO itself did."""
+
+
 class Steps(Protocol):
     """What carries out each step of the chain; every method is one step, in chain order."""
 
@@ -36,11 +48,10 @@ class Steps(Protocol):
 
     def train(self, run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult: ...
 
-    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> tuple[EvalReport, EvalReport]:
-        """(base model's report, trained model's report) on the held-out split."""
+    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
+        """The base, warm-start (when the run had one) and trained models on the held-out split."""
 
-    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                 base_report: EvalReport) -> ModelVersion: ...
+    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion: ...
 
     def teardown(self, run: ResolvedRun, cluster: Cluster) -> None: ...
 
@@ -52,8 +63,7 @@ class Outcome:
     run: ResolvedRun
     dataset: DatasetVersion
     train: TrainResult
-    base_report: EvalReport | None = None
-    report: EvalReport | None = None
+    evals: Evals | None = None
     version: ModelVersion | None = None
 
 
@@ -70,14 +80,14 @@ def run_chain(run: ResolvedRun, steps: Steps, through: LastStep = "register") ->
             result = steps.train(run, dataset, cluster)
             if through == "train":
                 return Outcome(run, dataset, result)
-            base_report, report = steps.evaluate(run, dataset, result)
-            version = steps.register(run, dataset, result, report, base_report)
+            evals = steps.evaluate(run, dataset, result)
+            version = steps.register(run, dataset, result, evals)
         finally:
             steps.teardown(run, cluster)
     except BaseException as e:
         mark_failed(run, e)
         raise
-    return Outcome(run, dataset, result, base_report, report, version)
+    return Outcome(run, dataset, result, evals, version)
 
 
 def mark_failed(run: ResolvedRun, error: BaseException) -> None:

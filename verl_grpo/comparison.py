@@ -1,5 +1,8 @@
-"""Base → trained, per eval metric, with a paired p-value: both models answered the same problems, so each
-metric is compared problem by problem (McNemar for right/wrong, Wilcoxon signed-rank for scores)."""
+"""Base → (warm start →) trained, per eval metric, each step with a paired p-value: every model answered the same
+problems, so each metric is compared problem by problem (McNemar for right/wrong, Wilcoxon signed-rank for scores).
+
+A run with a warm start (an SFT phase before GRPO) has three evals; the step warm start → trained is what GRPO itself
+added, the number `grpo_line` states."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from verl_grpo.store import Store, strip_scheme
 
 # Eval metric → the per-problem column of the eval table it averages, and whether that column is 0/1.
 _PER_PROBLEM = {"accuracy": ("correct", True), "mean_score": ("score", False)}
+GRPO_HEADLINES = ("mean_score", "accuracy")
+"""The metric `grpo_line` reports, the first an eval has: the weighted total reward (what GRPO optimizes), else
+accuracy."""
 
 
 @dataclass(frozen=True)
@@ -25,26 +31,71 @@ class MetricChange:
     p_value: float | None
     """Two-sided paired p-value of trained vs base on the shared problems; None where no per-problem column."""
     test: str = ""
+    warm_start: float | None = None
+    """The warm-start model's value, for a run that had a warm start (None otherwise)."""
+    warm_start_p_value: float | None = None
+    """Paired p-value of warm start vs base (what the SFT phase did)."""
+    grpo_p_value: float | None = None
+    """Paired p-value of trained vs warm start (what GRPO itself did)."""
 
     @property
     def delta(self) -> float | None:
-        return None if self.base is None or self.trained is None else self.trained - self.base
+        return _minus(self.trained, self.base)
+
+    @property
+    def warm_start_delta(self) -> float | None:
+        return _minus(self.warm_start, self.base)
+
+    @property
+    def grpo_delta(self) -> float | None:
+        """Trained minus warm start: GRPO's own share of the change (None without a warm start)."""
+        return _minus(self.trained, self.warm_start)
 
 
-def compare_to_base(report: EvalReport, base: EvalReport, store: Store) -> list[MetricChange]:
-    """One MetricChange per eval metric of either report (`n` left out), in name order."""
-    trained_table, base_table = read_table(store, report.table_uri), read_table(store, base.table_uri)
-    joined = trained_table.merge(base_table, on="id", suffixes=("_t", "_b"))
+def compare_to_base(report: EvalReport, base: EvalReport, store: Store,
+                    warm_start: EvalReport | None = None) -> list[MetricChange]:
+    """One MetricChange per eval metric of any report (`n` left out), in name order; with `warm_start`, each also
+    compares the warm start to the base model and the trained model to the warm start."""
+    tables = {"t": read_table(store, report.table_uri), "b": read_table(store, base.table_uri)}
+    if warm_start is not None:
+        tables["w"] = read_table(store, warm_start.table_uri)
+    names = set(report.metrics) | set(base.metrics) | set(warm_start.metrics if warm_start else ())
     changes = []
-    for name in sorted((set(report.metrics) | set(base.metrics)) - {"n"}):
+    for name in sorted(names - {"n"}):
         column, binary = _PER_PROBLEM.get(name, (name, False) if name.startswith("reward/") else (None, False))
-        p_value, test = None, ""
-        if column and f"{column}_t" in joined and f"{column}_b" in joined and len(joined):
-            trained, before = joined[f"{column}_t"].astype(float), joined[f"{column}_b"].astype(float)
-            p_value, test = (_mcnemar(trained, before), "McNemar") if binary else (_wilcoxon(trained, before),
-                                                                                    "Wilcoxon")
-        changes.append(MetricChange(name, base.metrics.get(name), report.metrics.get(name), p_value, test))
+        pair = lambda later, earlier: _paired(tables[later], tables[earlier], column, binary)  # noqa: E731
+        p_value, test = pair("t", "b")
+        warm = {}
+        if warm_start is not None:
+            warm = {"warm_start": warm_start.metrics.get(name), "warm_start_p_value": pair("w", "b")[0],
+                    "grpo_p_value": pair("t", "w")[0]}
+        changes.append(MetricChange(name, base.metrics.get(name), report.metrics.get(name), p_value, test, **warm))
     return changes
+
+
+def grpo_line(changes: list[MetricChange]) -> str:
+    """`GRPO added +0.0750 mean_score over the warm start (0.3200 -> 0.3950, Wilcoxon p=0.41)`; "" without a
+    warm start."""
+    by_metric = {c.metric: c for c in changes if c.grpo_delta is not None}
+    change = next((by_metric[m] for m in GRPO_HEADLINES if m in by_metric), None)
+    if change is None:
+        return ""
+    p = "no paired test" if change.grpo_p_value is None else f"{change.test} p={change.grpo_p_value:.3g}"
+    return (f"GRPO added {change.grpo_delta:+.4f} {change.metric} over the warm start "
+            f"({change.warm_start:.4f} -> {change.trained:.4f}, {p})")
+
+
+def _paired(later: pd.DataFrame, earlier: pd.DataFrame, column: str | None, binary: bool) -> tuple[float | None, str]:
+    """(two-sided paired p-value of `later` vs `earlier` on their shared problems, the test's name)."""
+    joined = later.merge(earlier, on="id", suffixes=("_l", "_e"))
+    if not column or f"{column}_l" not in joined or f"{column}_e" not in joined or not len(joined):
+        return None, ""
+    after, before = joined[f"{column}_l"].astype(float), joined[f"{column}_e"].astype(float)
+    return (_mcnemar(after, before), "McNemar") if binary else (_wilcoxon(after, before), "Wilcoxon")
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _mcnemar(trained: pd.Series, before: pd.Series) -> float:

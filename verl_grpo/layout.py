@@ -107,6 +107,18 @@ def warm_start_dir(run_id: str) -> str:
     return f"{run_dir(run_id)}/warm_start"
 
 
+WARM_START_RESULT = "result.json"
+
+
+def warm_start_result(run_id: str) -> str:
+    """The warm start's commit: present once its model and metrics are in the store."""
+    return f"{warm_start_dir(run_id)}/{WARM_START_RESULT}"
+
+
+def warm_start_model_dir(run_id: str) -> str:
+    return f"{warm_start_dir(run_id)}/model"
+
+
 def run_of_model(model_uri: str) -> str | None:
     """The run id of a `…/runs/{run_id}/model` URI or path, else None."""
     match = _RUN_MODEL.search(model_uri)

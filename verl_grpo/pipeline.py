@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from verl_grpo import runs
-from verl_grpo.chain import Outcome, ResolvedRun, run_chain
+from verl_grpo.chain import Evals, Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
-from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
+from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, RunCost, TrainResult
 from verl_grpo.errors import Preempted, error_class
 from verl_grpo.layout import train_result
 from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
@@ -117,8 +117,8 @@ def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster, on_line: 
     raise error_class(state.error_type)(f"run {run_id}: training failed ({state.phase}): {state.failure_reason}")
 
 
-def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-             base_report: EvalReport | None, tags: dict[str, str] | None = None) -> ModelVersion:
+def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals,
+             tags: dict[str, str] | None = None) -> ModelVersion:
     """MLflow run + registered model version (idempotent); the champion is re-evaluated first when tonight's eval
     settings differ from its own."""
     from verl_grpo.evaluate.held_out import evaluate_champion
@@ -126,9 +126,9 @@ def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, rep
 
     cfg = run.cfg
     store = Store.from_config(cfg.storage)
-    champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, report) else None
-    version = register_run(cfg, run_id=run.run_id, dataset=dataset, train=result, report=report,
-                           base_report=base_report, store=store, tags=tags or {},
+    champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, evals.trained) else None
+    version = register_run(cfg, run_id=run.run_id, dataset=dataset, train=result, report=evals.trained,
+                           base_report=evals.base, warm_start_report=evals.warm_start, store=store, tags=tags or {},
                            promotion_p_value=cfg.tracking.promotion_p_value, champion_report=champion_report,
                            cloud_cost=cloud_cost(run))
     runs.mark_run(store, run.run_id, "completed", model_version=version.version, model_name=version.name)
@@ -168,15 +168,16 @@ class PlainSteps:
     def train(self, run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainResult:
         return train(run, dataset, cluster, on_line=self.on_line)
 
-    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> tuple[EvalReport, EvalReport]:
-        from verl_grpo.evaluate.held_out import evaluate_base, evaluate_trained
+    def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
+        from verl_grpo.evaluate.held_out import evaluate_base, evaluate_cached_model, evaluate_trained, warm_start_model
 
-        return (evaluate_base(run.cfg, dataset),
-                evaluate_trained(run.cfg, dataset, run.run_id, result.model_uri, on_line=self.on_line))
+        warm_uri = warm_start_model(run.cfg, run.run_id)
+        return Evals(base=evaluate_base(run.cfg, dataset),
+                     trained=evaluate_trained(run.cfg, dataset, run.run_id, result.model_uri, on_line=self.on_line),
+                     warm_start=evaluate_cached_model(run.cfg, dataset, warm_uri) if warm_uri else None)
 
-    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                 base_report: EvalReport) -> ModelVersion:
-        return register(run, dataset, result, report, base_report)
+    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion:
+        return register(run, dataset, result, evals)
 
     def teardown(self, run: ResolvedRun, cluster: Cluster) -> None:
         teardown(run, cluster)

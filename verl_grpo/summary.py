@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from verl_grpo.comparison import MetricChange
+from verl_grpo.comparison import MetricChange, grpo_line
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.mirrors import warning_line
@@ -15,9 +15,10 @@ from verl_grpo.reward_curve import curve_markdown, curve_text
 
 def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
                  base: EvalReport, version: ModelVersion, changes: Sequence[MetricChange] = (),
-                 curve: dict | None = None, curve_png: str = "") -> dict:
-    """The run's outcome as flat facts, plus `metrics`: base → trained per eval metric with its p-value, and
-    `reward_curve` (verl_grpo.reward_curve.reward_curve of the run's metrics; None when it logged no reward)."""
+                 curve: dict | None = None, curve_png: str = "", warm_start: EvalReport | None = None) -> dict:
+    """The run's outcome as flat facts, plus `metrics`: base → (warm start →) trained per eval metric with the
+    paired p-value of each step, `grpo` (what GRPO added over the warm start, "" without one) and `reward_curve`
+    (verl_grpo.reward_curve.reward_curve of the run's metrics; None when it logged no reward)."""
     acc, base_acc = report.metrics.get("accuracy"), base.metrics.get("accuracy")
     return {
         "run_id": run_id,
@@ -29,6 +30,8 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "accuracy": acc,
         "base_accuracy": base_acc,
         "delta": None if acc is None or base_acc is None else acc - base_acc,
+        **({"warm_start_accuracy": warm_start.metrics.get("accuracy")} if warm_start is not None else {}),
+        "grpo": grpo_line(list(changes)),
         "registered": f"{version.name} v{version.version}",
         "aliases": ", ".join(version.aliases),
         "decision": version.decision,
@@ -42,7 +45,10 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "reward_curve_png": curve_png,
         "reward_curve": curve,
         "metrics": [{"metric": c.metric, "base": c.base, "trained": c.trained, "delta": c.delta,
-                     "p_value": c.p_value, "test": c.test} for c in changes],
+                     "p_value": c.p_value, "test": c.test,
+                     **({"warm_start": c.warm_start, "warm_start_delta": c.warm_start_delta,
+                         "warm_start_p_value": c.warm_start_p_value, "grpo_delta": c.grpo_delta,
+                         "grpo_p_value": c.grpo_p_value} if warm_start is not None else {})} for c in changes],
         **cloud_cost_fact(cfg, version),
     }
 
@@ -81,13 +87,31 @@ def async_loop_lines(train_summary: dict) -> list[str]:
 
 
 def outcome_lines(summary: dict) -> list[str]:
-    """What a user reads first, one line each: the decision, the registered version, each metric's change."""
+    """What a user reads first, one line each: the decision, the registered version, what GRPO added over the warm
+    start (a run with one), each metric's change: `base -> trained (delta, p)`, or with a warm start
+    `base -> warm start -> trained (warm start delta, p; GRPO delta, p)`."""
     lines = [f"decision: {summary['decision']}",
              f"registered: {summary['registered']} (aliases: {summary['aliases'] or '-'})"]
+    if summary.get("grpo"):
+        lines.append(summary["grpo"])
     for m in summary.get("metrics", []):
+        if "warm_start" in m:
+            steps = [x for x in (("warm start", m["warm_start_delta"], m["warm_start_p_value"]),
+                                 ("GRPO", m["grpo_delta"], m["grpo_p_value"])) if x[1] is not None]
+            detail = "; ".join(f"{who} {_fmt(delta)}, {_p({**m, 'p_value': p})}" for who, delta, p in steps)
+            lines.append(f"{m['metric']}: {_fmt(m['base']) or '-'} -> {_fmt(m['warm_start']) or '-'} -> "
+                         f"{_fmt(m['trained']) or '-'}" + (f" ({detail})" if detail else ""))
+            continue
         delta = f" ({_fmt(m['delta'])}, {_p(m)})" if m["delta"] is not None else ""
         lines.append(f"{m['metric']}: {_fmt(m['base']) or '-'} -> {_fmt(m['trained']) or '-'}{delta}")
     return lines
+
+
+def metrics_heading(summary: dict) -> str:
+    """What the metric lines of `outcome_lines` compare."""
+    warm = any("warm_start" in m for m in summary.get("metrics", []))
+    models = "base -> warm start -> trained" if warm else "base -> trained"
+    return f"{models}, per eval metric (paired test on the same problems):"
 
 
 def curve_lines(summary: dict) -> list[str]:
@@ -99,11 +123,23 @@ def curve_lines(summary: dict) -> list[str]:
 
 
 def summary_markdown(summary: dict, mlflow_link: str) -> str:
-    """The flow run's summary artifact: outcome, base → trained per metric, the reward curve, the run's facts."""
-    metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
-                        for m in summary.get("metrics", []))
+    """The flow run's summary artifact: outcome, base → (warm start →) trained per metric, the reward curve, the
+    run's facts."""
+    rows = summary.get("metrics", [])
+    if any("warm_start" in m for m in rows):
+        header = ("| metric | base | warm start | trained | warm start - base | p-value | trained - warm start (GRPO) "
+                  "| p-value |\n|---|---|---|---|---|---|---|---|")
+        metrics = "\n".join(
+            f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['warm_start'])} | {_fmt(m['trained'])} | "
+            f"{_fmt(m['warm_start_delta'])} | {_p({**m, 'p_value': m['warm_start_p_value']})} | "
+            f"{_fmt(m['grpo_delta'])} | {_p({**m, 'p_value': m['grpo_p_value']})} |" for m in rows)
+    else:
+        header = "| metric | base | trained | delta | p-value |\n|---|---|---|---|---|"
+        metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
+                            for m in rows)
+    grpo = f"**GRPO's own share:** {summary['grpo']}\n\n" if summary.get("grpo") else ""
     facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items()
-                      if k not in ("metrics", "reward_curve", "warnings", "async_loop"))
+                      if k not in ("metrics", "reward_curve", "warnings", "async_loop", "grpo"))
     warnings = "".join(f"**Warning:** {line}\n\n" for line in summary.get("warnings", []))
     curve = summary.get("reward_curve")
     learning = curve_markdown(curve) if curve else "No reward was logged per step."
@@ -113,8 +149,8 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
     return (f"# verl-grpo run `{summary['run_id']}`\n\n"
             f"**Decision:** {summary['decision']}\n\n"
             f"**Registered:** {summary['registered']} (aliases: {summary['aliases'] or '-'})\n\n{warnings}"
-            f"**MLflow run:** {mlflow_link}\n\n"
-            f"| metric | base | trained | delta | p-value |\n|---|---|---|---|---|\n{metrics}\n\n"
+            f"**MLflow run:** {mlflow_link}\n\n{grpo}"
+            f"{header}\n{metrics}\n\n"
             f"## Learning\n\n{learning}{png}\n\n"
             f"| | |\n|---|---|\n{facts}\n")
 

@@ -1,7 +1,9 @@
-"""The whole `verl-grpo` Prefect flow on the tiny model: data, checkpoints, eval, MLflow, registered model.
+"""The whole `verl-grpo` Prefect flow on the tiny model: data, a short warm start, checkpoints, eval of base, warm
+start and trained model, MLflow, registered model.
 
 The run evaluates in two shards on the thread runner, so the same run also shows that sharding changes no eval
-table or metric (`sharded_evals.py`, which tests/e2e/test_flow_ray.py checks on a local Ray too)."""
+table or metric (`sharded_evals.py`, which tests/e2e/test_flow_ray.py checks on a local Ray too, without a warm
+start)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ def prefect_harness():
 def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness, tiny_overrides, tmp_path):
     from flows.verl_grpo import verl_grpo
 
-    overrides = [*tiny_overrides, "eval.shards=2"]
+    overrides = [*tiny_overrides, "eval.shards=2", "warm_start.enabled=true", "warm_start.steps=4",
+                 "warm_start.batch_size=2", "warm_start.max_response_tokens=128"]
     summary = verl_grpo(config=["gsm8k"], overrides=overrides)
     cfg = load_config(["gsm8k"], overrides)
     store = Store.from_config(cfg.storage)
@@ -62,6 +65,19 @@ def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness,
     assert mlflow_run.info.start_time == int(record["training_started_at"] * 1000)
     assert record["created_at"] < record["training_started_at"] < mlflow_run.info.end_time / 1000
     assert [m.model_id for m in mlflow_run.outputs.model_outputs] and mlflow_run.inputs.dataset_inputs
+
+    # Attribution: the warm-start model was evaluated too, beside base and trained, each step with its paired test.
+    assert summary["warm_start"].startswith("4 SFT steps on 8 rewritten solutions")
+    assert summary["grpo"].startswith("GRPO added ") and " over the warm start (" in summary["grpo"]
+    by_metric = {m["metric"]: m for m in summary["metrics"]}
+    assert by_metric["mean_score"]["test"] == "Wilcoxon" and by_metric["accuracy"]["test"] == "McNemar"
+    assert all(m["warm_start"] is not None and m["grpo_p_value"] is not None
+               for m in (by_metric["mean_score"], by_metric["accuracy"]))
+    for name in ("accuracy", "mean_score"):
+        assert mlflow_run.data.metrics[f"warm_start/{name}"] == pytest.approx(by_metric[name]["warm_start"])
+        assert mlflow_run.data.metrics[f"pvalue/trained_vs_warm_start/{name}"] == pytest.approx(
+            by_metric[name]["grpo_p_value"])
+    assert summary["grpo"] in summary["decision"]  # the registry's decision says it too
 
     # Registry: one version whose files load back with transformers and generate.
     versions = client.search_model_versions(f"name='{cfg.registered_model_name}'")

@@ -43,6 +43,9 @@ def test_eval_table_compares_base_and_trained():
     rows = eval_table(report({"accuracy": 0.5, "format": 1.0}), report({"accuracy": 0.25}))
     assert rows == [{"metric": "accuracy", "base": 0.25, "trained": 0.5, "delta": 0.25},
                     {"metric": "format", "base": None, "trained": 1.0, "delta": None}]
+    rows = eval_table(report({"accuracy": 0.5}), report({"accuracy": 0.25}), warm_start=report({"accuracy": 0.375}))
+    assert rows == [{"metric": "accuracy", "base": 0.25, "warm_start": 0.375, "trained": 0.5, "delta": 0.25,
+                     "delta_grpo": 0.125}]
 
 
 def test_mlflow_link_is_a_url_only_for_a_tracking_server():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verl_grpo import pipeline
-from verl_grpo.chain import ResolvedRun
+from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainResult
 from verl_grpo.evaluate import held_out
@@ -26,7 +26,8 @@ def _register_tiny_as_run(overrides, run_id, tiny_model_dir):
                          metrics_uri=f"{cfg.storage.uri}/{run_metrics(run_id)}")
     report = held_out.evaluate_trained(cfg, dataset, run_id, str(tiny_model_dir))
     base = held_out.evaluate_base(cfg, dataset)
-    return cfg, report, pipeline.register(ResolvedRun(cfg, run_id, resumed=False), dataset, result, report, base)
+    return cfg, report, pipeline.register(ResolvedRun(cfg, run_id, resumed=False), dataset, result,
+                                          Evals(base=base, trained=report))
 
 
 def test_champion_with_other_eval_settings_is_reevaluated(base_overrides, tiny_model_dir, monkeypatch):

@@ -305,3 +305,33 @@ def test_actual_cloud_cost_is_on_the_run_and_in_the_returned_version(env, tiny_m
     assert run.data.metrics["cloud/recoveries"] == 1 and run.data.metrics["cloud/jobs"] == 2
     assert run.data.params["cloud.pricing"] == "spot" and run.data.params["cloud.priced_at"] == "spot runpod/US"
     assert version.cloud_cost == cost
+
+
+def test_a_warm_start_eval_sits_beside_base_and_trained_and_the_decision_says_what_grpo_added(env, tiny_model_dir,
+                                                                                              tmp_path):
+    cfg, store, dataset = env
+    train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(16))
+    warm = stored_report(store, f"eval-cache/warm_start-abc/{SPLIT}-settings-a.parquet", "warm", correct_first(4),
+                         "settings-a")
+
+    version = register(cfg, store, dataset, train, report, base, warm_start_report=warm)
+
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    metrics = client.get_run(version.mlflow_run_id).data.metrics
+    assert (metrics["base/accuracy"], metrics["warm_start/accuracy"], metrics["eval/accuracy"]) == (0.0, 0.1, 0.4)
+    assert metrics["delta_grpo/accuracy"] == pytest.approx(0.3)
+    assert metrics["pvalue/trained_vs_warm_start/accuracy"] == pytest.approx(2 * 0.5 ** 12)  # 12 discordant, all won
+    assert metrics["pvalue/warm_start_vs_base/accuracy"] == pytest.approx(0.125)  # 4 discordant
+    assert metrics["pvalue/trained_vs_base/accuracy"] == pytest.approx(2 * 0.5 ** 16)
+    artifacts = {a.path for a in client.list_artifacts(version.mlflow_run_id, "eval")}
+    assert {"eval/test.parquet", "eval/base-test.parquet", "eval/warm_start-test.parquet",
+            "eval/warm_start-test.json"} <= artifacts
+    grpo = "GRPO added +0.3000 accuracy over the warm start (0.1000 -> 0.4000, McNemar p=0.000488)"
+    assert version.decision.endswith(f"; {grpo}")
+    assert client.get_model_version(version.name, version.version).description == version.decision
+    # A run without a warm start logs none of it.
+    plain = register(cfg, store, dataset, *make_run(store, tiny_model_dir, "run-b", correct_first(16)))
+    plain_metrics = client.get_run(plain.mlflow_run_id).data.metrics
+    assert "pvalue/trained_vs_base/accuracy" in plain_metrics
+    assert not any(k.startswith(("warm_start/", "delta_grpo/", "pvalue/trained_vs_warm")) for k in plain_metrics)
+    assert "GRPO added" not in plain.decision

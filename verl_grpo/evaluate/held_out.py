@@ -5,6 +5,8 @@
   report is read back from the store; otherwise transformers generate on this machine.
 - `evaluate_base`: how good was the model before training? Through the eval cache, so nightly retrains reuse it;
   `evaluate_cached_model` asks the same of any model directory, store URI or name.
+- `warm_start_model` + `evaluate_cached_model`: how good was the run's warm start (SFT) alone? Through the cache
+  too (a resumed run does not evaluate it again); what lies between it and the trained model is GRPO's doing.
 - `evaluate_champion`: how good is the registered champion under tonight's settings? Also through the cache.
 - `shard_count`, `generate_shard`, `score_shards`: the trained or base model's eval split over eval.shards tasks
   that run concurrently; `score_shards` gives exactly the report one unsharded call gives.
@@ -31,7 +33,7 @@ from verl_grpo.evaluate.runner import (
     evaluate_shard,
     write_run_report,
 )
-from verl_grpo.layout import eval_report
+from verl_grpo.layout import eval_report, warm_start_model_dir, warm_start_result
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 
@@ -41,6 +43,17 @@ class RunModel:
 
     run_id: str
     model_uri: str
+
+
+@dataclass(frozen=True)
+class WarmStartModel:
+    """A run's warm-start model, as a sharded eval names it: evaluated on this machine through the eval cache."""
+
+    model_uri: str
+
+
+EvalTarget = RunModel | WarmStartModel | None
+"""Which model an eval task runs: a run's trained model, its warm start, or (None) the base model."""
 
 
 def evaluate_trained(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model_uri: str, *,
@@ -78,6 +91,15 @@ def evaluate_cached_model(cfg: RunConfig, dataset: DatasetVersion, model: str | 
     return evaluate_cached(cfg, model or base_model(cfg), dataset, store, progress=progress)
 
 
+def warm_start_model(cfg: RunConfig, run_id: str) -> str | None:
+    """The store URI of the warm-start model run_id committed (`runs/{run_id}/warm_start/model`), or None when the
+    run had no warm start."""
+    store = Store.from_config(cfg.storage)
+    if not cfg.warm_start.enabled or not store.exists(warm_start_result(run_id)):
+        return None
+    return store.url(warm_start_model_dir(run_id))
+
+
 def evaluate_champion(cfg: RunConfig, dataset: DatasetVersion) -> EvalReport:
     """The current champion re-evaluated with tonight's settings, so a settings change never blocks a promotion.
 
@@ -90,10 +112,10 @@ def evaluate_champion(cfg: RunConfig, dataset: DatasetVersion) -> EvalReport:
         return evaluate_cached_model(cfg, dataset, str(model_dir))
 
 
-def shard_count(cfg: RunConfig, trained: bool) -> int:
+def shard_count(cfg: RunConfig, model: EvalTarget) -> int:
     """How many tasks one model's eval is split into: eval.shards, but one for a trained model that the provider
     evaluates by a job on its cluster (that job is never sharded)."""
-    if trained and cfg.eval.shards > 1:
+    if isinstance(model, RunModel) and cfg.eval.shards > 1:
         from verl_grpo.providers import get_provider
 
         if get_provider(cfg.infra.provider).evaluates_on_cluster:
@@ -101,27 +123,31 @@ def shard_count(cfg: RunConfig, trained: bool) -> int:
     return cfg.eval.shards
 
 
-def generate_shard(cfg: RunConfig, dataset: DatasetVersion, shard: int, trained: RunModel | None = None
+def generate_shard(cfg: RunConfig, dataset: DatasetVersion, shard: int, model: EvalTarget = None
                    ) -> EvalShard | None:
-    """Responses of one shard: of the trained model, or of the base model (trained None; None when the base
-    model's eval is already cached)."""
+    """Responses of one shard: of a run's trained model, or of a cached model (the base model when `model` is None,
+    or a warm start; None when its eval is already cached)."""
     store = Store.from_config(cfg.storage)
-    if trained is None:
-        return evaluate_shard(cfg, base_model(cfg), dataset, store, shard, cached=True)
-    return evaluate_shard(cfg, trained.model_uri, dataset, store, shard)
+    if isinstance(model, RunModel):
+        return evaluate_shard(cfg, model.model_uri, dataset, store, shard)
+    return evaluate_shard(cfg, _cached_model_uri(cfg, model), dataset, store, shard, cached=True)
 
 
 def score_shards(cfg: RunConfig, dataset: DatasetVersion, shards: Sequence[EvalShard | None],
-                 trained: RunModel | None = None) -> EvalReport:
-    """Score every shard's responses like one unsharded eval: the base model's report (trained None) goes to the
-    eval cache, the trained model's beside its run."""
+                 model: EvalTarget = None) -> EvalReport:
+    """Score every shard's responses like one unsharded eval: a cached model's report (the base model, a warm
+    start) goes to the eval cache, a trained model's beside its run."""
     store = Store.from_config(cfg.storage)
-    if trained is None:
-        return evaluate_cached(cfg, base_model(cfg), dataset, store, shards=shards)
-    report = evaluate_model(cfg, trained.model_uri, dataset, store, run_id=trained.run_id,
+    if not isinstance(model, RunModel):
+        return evaluate_cached(cfg, _cached_model_uri(cfg, model), dataset, store, shards=shards)
+    report = evaluate_model(cfg, model.model_uri, dataset, store, run_id=model.run_id,
                             shards=[s for s in shards if s])
-    write_run_report(store, trained.run_id, report)
+    write_run_report(store, model.run_id, report)
     return report
+
+
+def _cached_model_uri(cfg: RunConfig, model: WarmStartModel | None) -> str:
+    return base_model(cfg) if model is None else model.model_uri
 
 
 def base_model(cfg: RunConfig) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -13,7 +14,7 @@ from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
 from verl_grpo import runs
-from verl_grpo.comparison import read_table
+from verl_grpo.comparison import MetricChange, compare_to_base, grpo_line, read_table
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -72,6 +73,7 @@ def register_run(
     promotion_p_value: float = DEFAULT_PROMOTION_P_VALUE,
     champion_report: EvalReport | None = None,
     cloud_cost: RunCost | None = None,
+    warm_start_report: EvalReport | None = None,
 ) -> ModelVersion:
     """Log the run (params, training curves, eval metrics, artifacts, model) and register its model version.
 
@@ -80,17 +82,19 @@ def register_run(
     when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
     the champion re-evaluated with this run's settings, for when the champion's own eval used other settings.
     `cloud_cost` (the run's actual cloud cost, SkyPilot provider) goes on the run as `cloud/*` metrics and
-    `cloud.*` params.
+    `cloud.*` params. `warm_start_report` (the run's warm-start model, when it had one) goes beside base and trained
+    (`warm_start/*`, paired p-values under `pvalue/*`), and the decision says what GRPO added over it.
     """
     assert_no_secrets(tags, "register_run tags")
     with tracking.infra_errors(cfg.tracking.mlflow_uri):
         return _register(cfg, run_id, dataset, train, report, base_report, store, tags, promotion_p_value,
-                         champion_report, cloud_cost)
+                         champion_report, cloud_cost, warm_start_report)
 
 
 def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: TrainResult, report: EvalReport,
               base_report: EvalReport | None, store: Store, tags: Mapping[str, str], promotion_p_value: float,
-              champion_report: EvalReport | None, cloud_cost: RunCost | None = None) -> ModelVersion:
+              champion_report: EvalReport | None, cloud_cost: RunCost | None = None,
+              warm_start_report: EvalReport | None = None) -> ModelVersion:
     started = time.monotonic()
     client = tracking.client_for(cfg.tracking.mlflow_uri)
     exp_id = tracking.experiment_id(client, cfg.experiment_name,
@@ -106,10 +110,12 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     name = cfg.registered_model_name
     model = log_hf_model(client, exp_id, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})",
                          step=train.final_step)
-    summary = eval_summary(report, base_report)
-    tracking.log_metrics(client, mlflow_run_id, {**summary, FINAL_STEP_METRIC: train.final_step}, step=train.final_step,
-                         model_id=model.model_id)
-    _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, report, base_report, store, train.metrics_uri)
+    changes = compare_to_base(report, base_report, store, warm_start_report) if base_report is not None else []
+    summary = eval_summary(report, base_report, warm_start_report)
+    tracking.log_metrics(client, mlflow_run_id, {**summary, **p_value_metrics(changes), FINAL_STEP_METRIC: train.final_step},
+                         step=train.final_step, model_id=model.model_id)
+    _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, {"": report, "base-": base_report,
+                   "warm_start-": warm_start_report}, store, train.metrics_uri)
     if cloud_cost is not None:
         tracking.log_metrics(client, mlflow_run_id, cloud_cost_metrics(cloud_cost), step=train.final_step)
         tracking.log_params(client, mlflow_run_id, {"cloud.pricing": cloud_cost.pricing,
@@ -118,7 +124,7 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
     version_tags = {key: run_tags[key] for key in VERSION_TAGS}
     version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
-    decision = _promote(client, name, version, report, store, promotion_p_value, champion_report)
+    decision = _promote(client, name, version, report, store, promotion_p_value, champion_report, grpo_line(changes))
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion
         client.set_registered_model_alias(name, CHALLENGER, version.version)
     client.set_terminated(mlflow_run_id, "FINISHED")
@@ -149,13 +155,28 @@ def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:
     return champion.tags.get(SETTINGS_TAG) != report.settings_key
 
 
-def eval_summary(report: EvalReport, base_report: EvalReport | None) -> dict[str, float]:
-    """`eval/<m>`, and with a base report `base/<m>` and `delta/<m>` (eval minus base) for shared metrics."""
+def eval_summary(report: EvalReport, base_report: EvalReport | None,
+                 warm_start_report: EvalReport | None = None) -> dict[str, float]:
+    """`eval/<m>`, with a base report `base/<m>` and `delta/<m>` (eval minus base) for shared metrics, and with a
+    warm-start report `warm_start/<m>` and `delta_grpo/<m>` (eval minus warm start: what GRPO added)."""
     out = {f"eval/{k}": v for k, v in report.metrics.items()}
-    if base_report is not None:
-        out.update({f"base/{k}": v for k, v in base_report.metrics.items()})
-        out.update({f"delta/{k}": v - base_report.metrics[k] for k, v in report.metrics.items()
-                    if k in base_report.metrics and k != "n"})
+    for prefix, delta, earlier in (("base", "delta", base_report), ("warm_start", "delta_grpo", warm_start_report)):
+        if earlier is not None:
+            out.update({f"{prefix}/{k}": v for k, v in earlier.metrics.items()})
+            out.update({f"{delta}/{k}": v - earlier.metrics[k] for k, v in report.metrics.items()
+                        if k in earlier.metrics and k != "n"})
+    return out
+
+
+def p_value_metrics(changes: list[MetricChange]) -> dict[str, float]:
+    """The paired tests' p-values: `pvalue/trained_vs_base/<m>`, and for a run with a warm start
+    `pvalue/warm_start_vs_base/<m>` and `pvalue/trained_vs_warm_start/<m>` (GRPO's own effect)."""
+    out = {}
+    for c in changes:
+        for name, p in (("trained_vs_base", c.p_value), ("warm_start_vs_base", c.warm_start_p_value),
+                        ("trained_vs_warm_start", c.grpo_p_value)):
+            if p is not None:
+                out[f"pvalue/{name}/{c.metric}"] = p
     return out
 
 
@@ -180,9 +201,11 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
 
 
 def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
-                   report: EvalReport, base_report: EvalReport | None, store: Store, metrics_uri: str) -> None:
-    """config.yaml, the data manifest, the eval tables + reports, the two PNG charts and the reward curve as a
-    markdown table (re-logging overwrites). The reward curve PNG is also kept in the store beside the run."""
+                   reports: Mapping[str, EvalReport | None], store: Store, metrics_uri: str) -> None:
+    """config.yaml, the data manifest, the eval tables + reports (`reports`: file-name prefix → report; "" the
+    trained model's), the two PNG charts and the reward curve as a markdown table (re-logging overwrites). The
+    reward curve PNG is also kept in the store beside the run."""
+    report, base_report = reports[""], reports.get("base-")
     with tempfile.TemporaryDirectory(prefix="verl-grpo-artifacts-") as tmp:
         root = Path(tmp)
         lines = tracking.read_lines(store, metrics_uri) or []
@@ -199,7 +222,7 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
             store.fs.get_file(manifest, str(root / "data" / DATASET_MANIFEST))
         evals = root / EVAL_ARTIFACT_DIR
         evals.mkdir()
-        for prefix, rep in (("", report), ("base-", base_report)):
+        for prefix, rep in reports.items():
             if rep is None:
                 continue
             store.fs.get_file(strip_scheme(rep.table_uri), str(evals / f"{prefix}{rep.split}.parquet"))
@@ -208,11 +231,11 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
 
 
 def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
-             p_threshold: float, champion_report: EvalReport | None) -> Decision:
+             p_threshold: float, champion_report: EvalReport | None, attribution: str = "") -> Decision:
     """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
 
     The decision is the version's description and its `promotion.decision` tag; the comparison's numbers are
-    metrics of the version's run.
+    metrics of the version's run. `attribution` (what GRPO added over the run's warm start) follows the reason.
     """
     recorded = version.tags.get(DECISION_TAG)
     if recorded:
@@ -237,6 +260,8 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         else:
             decision = decide(read_table(store, report.table_uri), champ_table, p_threshold=p_threshold,
                               challenger_label=label, champion_label=champ_label)
+    if attribution:
+        decision = dataclasses.replace(decision, reason=f"{decision.reason}; {attribution}")
     tracking.log_metrics(client, version.run_id, decision.metrics())
     # The decision tag last: a retry that finds it has the description too and only redoes the alias move.
     client.update_model_version(name, version.version, description=decision.reason)

@@ -17,12 +17,11 @@ from typing import Any
 from transformers import PrinterCallback, TrainerCallback
 
 from verl_grpo.data.warm_start import SftExample, select_examples
-from verl_grpo.layout import warm_start_dir
+from verl_grpo.layout import WARM_START_RESULT, warm_start_dir, warm_start_result
 from verl_grpo.trainers.protocol import METRICS_FILE, write_json_atomic, write_jsonl_atomic
 from verl_grpo.trainers.trl.callbacks import Termination, say
 from verl_grpo.trainers.trl.spec import WorkerSpec
 
-RESULT = "result.json"
 LOSS_WINDOW = 5
 """first_loss / final_loss are the means of this many steps at each end of the phase."""
 LINE_PREFIX = "warm-start"
@@ -35,7 +34,7 @@ def warm_started_model(spec: WorkerSpec, base_model: Path | str, termination: Te
     if not spec.cfg.warm_start.enabled:
         return None, {}
     store, local = spec.store, spec.workdir / "warm_start"
-    committed = f"{warm_start_dir(spec.run_id)}/{RESULT}"
+    committed = warm_start_result(spec.run_id)
     if result := committed_result(spec):
         model = store.get_dir(local / "model", warm_start_dir(spec.run_id), "model")
         say(f"{LINE_PREFIX}: reusing the committed warm start of run {spec.run_id} ({result['steps']} steps, "
@@ -52,7 +51,7 @@ def warm_started_model(spec: WorkerSpec, base_model: Path | str, termination: Te
 
 def committed_result(spec: WorkerSpec) -> dict[str, Any] | None:
     """The warm start a previous attempt of this run committed, if any."""
-    committed = f"{warm_start_dir(spec.run_id)}/{RESULT}"
+    committed = warm_start_result(spec.run_id)
     return json.loads(spec.store.read_text(committed)) if spec.store.exists(committed) else None
 
 
@@ -183,7 +182,7 @@ def train_warm_start(spec: WorkerSpec, base_model: Path | str, local: Path) -> d
               "final_loss": sum(losses[-window:]) / window,
               "seconds": time.perf_counter() - started, "lr": ws.lr, "batch_size": ws.batch_size,
               "max_response_tokens": budget}
-    write_json_atomic(local / RESULT, result)
+    write_json_atomic(local / WARM_START_RESULT, result)
     return result
 
 
