@@ -22,6 +22,7 @@ from verl_grpo.contracts import Cluster, TrainResult, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers import get_trainer
+from verl_grpo.trainers.precision import precision_line
 
 RUN_ID = "trl-it"
 N_PROMPTS = 8
@@ -106,6 +107,7 @@ def test_run_commits_checkpoints_metrics_result_and_model(uninterrupted):
     progress = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in progress] == ["1/4", "2/4", "3/4", "4/4"]
     assert all("reward=" in line for line in progress)
+    assert precision_line("auto", use_cpu=True) in proc.stdout.splitlines()  # what this machine computes in, and why
 
     result = TrainResult.model_validate_json((workdir / "result.json").read_text())
     assert result.final_step == 4 and result.checkpoint.step == 4
@@ -228,15 +230,17 @@ def test_run_against_an_s3_store(s3_bucket, tmp_path, tiny_model_dir, data_mirro
 
 def test_warm_start_trains_commits_and_is_reused_by_the_next_attempt(tmp_path, tiny_model_dir, data_mirror):
     """The SFT phase runs before GRPO, commits its model, metrics and result to the store, and GRPO starts from that
-    model; an attempt that finds it committed fetches it instead of training it again."""
+    model; an attempt that finds it committed fetches it instead of training it again. Both phases run in bf16
+    mixed precision (trainer.precision=bf16), which TRL and Accelerate take on a CPU too."""
     from safetensors.torch import load_file
 
     spec, store = plan_run(tmp_path, tiny_model_dir, data_mirror, "algorithm.total_steps=2",
                            "warm_start.enabled=true", "warm_start.steps=3", "warm_start.batch_size=2",
-                           "warm_start.lr=1e-3", "warm_start.max_response_tokens=512")
+                           "warm_start.lr=1e-3", "warm_start.max_response_tokens=512", "trainer.precision=bf16")
     proc = run_worker(spec, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
+    assert any(line.startswith("precision bf16 (trainer.precision=bf16") for line in lines), lines[:20]
     assert [line.split()[1] for line in lines if line.startswith("warm-start ")] == ["1/3", "2/3", "3/3"]
     assert lines.index(next(line for line in lines if line.startswith("warm-start 3/3"))) < lines.index(
         next(line for line in lines if line.startswith("step 1/2"))), "SFT runs before the first GRPO step"

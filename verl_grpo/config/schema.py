@@ -162,6 +162,11 @@ class TrainerConfig(_Section):
     """Completions per forward/backward pass; None means the whole step at once. Gradients accumulate."""
     threads: int | None = None
     """torch CPU threads of the training process; None leaves torch's default."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Mixed precision of the trl backend's steps (and the warm start): `bf16` runs forward, backward and generation
+    under bf16 autocast with float32 master weights; `fp32` keeps everything float32; `auto` picks bf16 where the
+    training machine computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with bf16) and fp32 elsewhere, where
+    bf16 is emulated and slower (bench/results/trl_step.md). Decided on the machine that trains."""
     logging_steps: int = Field(1, ge=1)
     """Record training metrics every this many steps."""
     no_signal_steps: int = Field(3, ge=0)

@@ -96,6 +96,8 @@ def grpo_args(
     total_steps: the run's planned steps (`AlgorithmConfig.planned_steps`); None means algorithm.total_steps."""
     from trl import GRPOConfig
 
+    from verl_grpo.trainers.precision import resolve_precision
+
     alg, tr = cfg.algorithm, cfg.trainer
     layout = batch_layout(cfg)
     if use_cpu is None:
@@ -143,7 +145,7 @@ def grpo_args(
         "log_completions": False,
         # devices and precision
         "use_cpu": use_cpu,
-        "bf16": False,
+        "bf16": resolve_precision(tr.precision, use_cpu) == "bf16",
         "fp16": False,
         "gradient_checkpointing": False,
         "dataloader_num_workers": 0,

@@ -178,6 +178,7 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     train_dataset = load_train_dataset(spec, spec.store)
     reward_funcs, reward_weights = _reward_functions(cfg, cfg.dataset.name)
     from verl_grpo.models import load_model_and_tokenizer
+    from verl_grpo.trainers.precision import precision_line
 
     model, tokenizer = load_model_and_tokenizer(start_model, cfg.model.dtype)
     tools = tool_functions(cfg)
@@ -186,6 +187,7 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
         say(f"tools: {', '.join(t.__name__ for t in tools)} (multi-turn rollouts; each call asks the retrieval-server)")
     total_steps = planned_steps(spec)
     args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights), total_steps=total_steps)
+    say(precision_line(cfg.trainer.precision, args.use_cpu))
     consumed: list = []
     callback = StoreCallback(
         run_id=spec.run_id, total_steps=total_steps, metrics=metrics, checkpoints=checkpoints,

@@ -17,6 +17,7 @@ from typing import Any
 from transformers import PrinterCallback, TrainerCallback
 
 from verl_grpo.data.warm_start import SftExample, select_examples
+from verl_grpo.trainers.precision import resolve_precision
 from verl_grpo.layout import WARM_START_RESULT, warm_start_dir, warm_start_result
 from verl_grpo.trainers.protocol import METRICS_FILE, write_json_atomic, write_jsonl_atomic
 from verl_grpo.trainers.trl.callbacks import Termination, say
@@ -163,7 +164,8 @@ def train_warm_start(spec: WorkerSpec, base_model: Path | str, local: Path) -> d
         # A Search-R1 answer turn's prompt holds the retrieved passage: no cut that could drop the answer after it.
         max_length=None if rows and "tools" in rows[0] else cfg.algorithm.max_prompt_length + budget,
         completion_only_loss=True, packing=False, logging_strategy="steps", logging_steps=1, save_strategy="no",
-        report_to=[], disable_tqdm=True, use_cpu=not _cuda(), bf16=False, fp16=False, dataloader_num_workers=0,
+        report_to=[], disable_tqdm=True, use_cpu=not _cuda(), fp16=False, dataloader_num_workers=0,
+        bf16=resolve_precision(cfg.trainer.precision, use_cpu=not _cuda()) == "bf16",
         # SFTConfig turns it on by default; as in GRPO (backend.py), the small models this phase trains fit without
         # it, and recomputing activations cost 18 % of each step (200 Search-R1 steps of the tiny model: 41 → 33.5 s
         # per 20 steps).
