@@ -104,6 +104,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
         click.echo(f"  cloud cost        {summary['cloud_cost']}")
     click.echo(f"  {metrics_heading(summary)}")
     for line in outcome_lines(summary)[2:]:
+        if line == summary.get("grpo"):  # printed above, as "GRPO's own share"
+            continue
         click.echo(f"    {line}")
     click.echo("  learning:")
     for line in curve_lines(summary):

@@ -88,6 +88,7 @@ def test_the_cli_and_the_artifact_show_three_columns_and_grpos_share(three, caps
     out = capsys.readouterr().out
     assert "  base -> warm start -> trained, per eval metric (paired test on the same problems):" in out
     assert f"  GRPO's own share  {summary['grpo']}" in out
+    assert out.count(summary["grpo"]) == 1  # once, not again among the metric lines
 
     md = summary_markdown(summary, "abc")
     assert f"**GRPO's own share:** {summary['grpo']}" in md
