@@ -96,9 +96,9 @@ def outcome_lines(summary: dict) -> list[str]:
         lines.append(summary["grpo"])
     for m in summary.get("metrics", []):
         if "warm_start" in m:
-            steps = [x for x in (("warm start", m["warm_start_delta"], m["warm_start_p_value"]),
-                                 ("GRPO", m["grpo_delta"], m["grpo_p_value"])) if x[1] is not None]
-            detail = "; ".join(f"{who} {_fmt(delta)}, {_p({**m, 'p_value': p})}" for who, delta, p in steps)
+            steps = [(who, step) for who, step in (("warm start", "warm_start"), ("GRPO", "grpo"))
+                     if m[f"{step}_delta"] is not None]
+            detail = "; ".join(f"{who} {_fmt(m[f'{step}_delta'])}, {_p(m, f'{step}_p_value')}" for who, step in steps)
             lines.append(f"{m['metric']}: {_fmt(m['base']) or '-'} -> {_fmt(m['warm_start']) or '-'} -> "
                          f"{_fmt(m['trained']) or '-'}" + (f" ({detail})" if detail else ""))
             continue
@@ -131,8 +131,8 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
                   "| p-value |\n|---|---|---|---|---|---|---|---|")
         metrics = "\n".join(
             f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['warm_start'])} | {_fmt(m['trained'])} | "
-            f"{_fmt(m['warm_start_delta'])} | {_p({**m, 'p_value': m['warm_start_p_value']})} | "
-            f"{_fmt(m['grpo_delta'])} | {_p({**m, 'p_value': m['grpo_p_value']})} |" for m in rows)
+            f"{_fmt(m['warm_start_delta'])} | {_p(m, 'warm_start_p_value')} | "
+            f"{_fmt(m['grpo_delta'])} | {_p(m, 'grpo_p_value')} |" for m in rows)
     else:
         header = "| metric | base | trained | delta | p-value |\n|---|---|---|---|---|"
         metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
@@ -160,8 +160,9 @@ def mlflow_ui_command(tracking_uri: str) -> str:
     return f"{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
 
 
-def _p(metric: dict) -> str:
-    return "no paired test" if metric["p_value"] is None else f"{metric['test']} p={metric['p_value']:.3g}"
+def _p(metric: dict, key: str = "p_value") -> str:
+    """The metric row's paired test and its p-value under `key` (p_value, warm_start_p_value, grpo_p_value)."""
+    return "no paired test" if metric[key] is None else f"{metric['test']} p={metric[key]:.3g}"
 
 
 def _fmt(v: object) -> str:
