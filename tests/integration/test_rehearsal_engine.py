@@ -17,6 +17,8 @@ import pytest
 from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
 from verl_grpo.rehearsal import sky_boundary as sky
 
+REPO = Path(__file__).resolve().parents[2]
+
 FAKE_TRAINER = textwrap.dedent("""\
     import sys, time
     for step in range(1, int(sys.argv[1]) + 1):
@@ -108,7 +110,7 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
         run=textwrap.dedent("""\
             set -e
             echo "FOO=$FOO TOKEN=$MY_TOKEN GPUS=$SKYPILOT_NUM_GPUS_PER_NODE NODES=$SKYPILOT_NUM_NODES ON=$VERL_GRPO_REHEARSAL"
-            echo "IPS=$(echo "$SKYPILOT_NODE_IPS" | wc -l) PYTHONPATH_IS_WORKDIR=$([ "$PYTHONPATH" = "$PWD" ] && echo yes)"
+            echo "IPS=$(echo "$SKYPILOT_NODE_IPS" | wc -l) PYTHONPATH=${PYTHONPATH:-unset} PYTHON=$(python -c 'import yaml' 2>/dev/null && echo ours || echo bare)"
             echo "LOCAL=$(cat /tmp/verl-grpo/local.txt) S3=$(cat /tmp/verl-grpo/obj.txt)"
             test ! -e ignored.txt && test -e untracked.txt && echo "SYNC=ok"
             if [ "$SKYPILOT_NODE_RANK" = 0 ]; then python train.py 2; fi
@@ -121,7 +123,7 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
     assert (record.name, record.status, record.recovery_count) == ("train-run", "SUCCEEDED", 0)
     assert "FOO=bar TOKEN=tok-123 GPUS=8 NODES=2 ON=1" in lines  # rank 0: unprefixed
     assert "(train, rank=1) FOO=bar TOKEN=tok-123 GPUS=8 NODES=2 ON=1" in lines
-    assert "IPS=2 PYTHONPATH_IS_WORKDIR=yes" in lines
+    assert "IPS=2 PYTHONPATH=unset PYTHON=bare" in lines, "a node's python has only what its setup installs"
     assert "LOCAL=from a local file S3=from the store" in lines
     assert lines.count("SYNC=ok") == 1 and "(train, rank=1) SYNC=ok" in lines
     assert "step:2 - x:2" in lines
@@ -327,3 +329,39 @@ def test_setup_installing_uv_is_stood_in_by_the_uv_shim_even_without_uv_here(mon
     monkeypatch.setattr(shims.metadata, "version", version)
     assert shims._check_requirement("uv") == []
     assert shims._check_requirement("surely-not-installed-pkg") == ["surely-not-installed-pkg is not installed"]
+
+
+def _first_launch(monkeypatch, defect: str) -> str:
+    """Today's rendered single-node training task (this checkout as its workdir, no restarts on errors) with one
+    first-launch defect put back: a node package setup forgot, or verl's mlflow logger without mlflow."""
+    from rendered_tasks import render
+
+    from verl_grpo.providers.skypilot import templates
+
+    override = None
+    if defect.startswith("tenacity"):
+        monkeypatch.setattr(templates, "CLUSTER_RUNTIME",
+                            tuple(p for p in templates.CLUSTER_RUNTIME if not p.startswith("tenacity")))
+    else:
+        override = ("trainer.logger=[console,file]", "trainer.logger=[console,mlflow,file]")
+    text = render("multinode", {}, "infra.nodes=1", workdir=str(REPO), override=override).yaml
+    text = text.replace("max_restarts_on_errors: 3", "max_restarts_on_errors: 0")
+    if defect.endswith("without the preflight"):
+        text = "\n".join(line for line in text.splitlines() if "verl_grpo.trainers.verl.preflight" not in line)
+    return text
+
+
+@pytest.mark.parametrize(("defect", "status", "node_error"), [
+    ("tenacity", "FAILED_SETUP", "preflight: No module named 'tenacity' on this node"),
+    ("mlflow logger", "FAILED_SETUP", "preflight: No module named 'mlflow' on this node"),
+    ("tenacity without the preflight", "FAILED", "ModuleNotFoundError: No module named 'tenacity'"),
+])
+def test_a_hermetic_node_has_only_what_setup_installs_so_a_forgotten_package_fails_there(
+        rehearsal, monkeypatch, defect, status, node_error):
+    """The first-launch defect the rehearsal used to hide (its nodes ran in this machine's venv, which has both):
+    each node's Python holds only what its setup's install lines bring, so the node's own error is in the report."""
+    job_id = sky.launch_managed(_first_launch(monkeypatch, defect), "first-launch", {}, job_group=False)
+    assert wait(job_id, timeout=180)[0] == status
+    report = sky.summary(job_id)["failure_reason"] + "\n".join(sky.tail_logs(job_id, follow=False))
+    assert node_error in report
+    assert "linked into /tmp/verl-grpo/venv" in report and "stood in (GPU-only): verl[vllm], vllm" in report

@@ -9,49 +9,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rendered_tasks import CKPT_MOUNT, MOUNT, SERVICES_ON, render, shape_config
 
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import node_imports, templates
 from verl_grpo.providers.skypilot.node_imports import check_node_imports
+from verl_grpo.trainers.verl.overrides import VerlPaths, cluster_nodes, verl_overrides
 from verl_grpo.trainers.verl.settings import checkpoint_env
-from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
-from verl_grpo.trainers.verl.fully_async import ENTRY_MODULE, fully_async_overrides
-from verl_grpo.trainers.verl.overrides import VerlPaths, cluster_nodes, run_paths, verl_overrides
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
-
-
-SERVICES_ON = "services.enabled=[data,reward,retrieval]"
-CKPT_MOUNT = "s3://bucket/store/runs/run-1/checkpoints"
-"""What VerlTrainer.plan mounts at the checkpoint dir of a multi-node run (backend.checkpoint_mount)."""
-
-
-def _cfg(shape: str, *extra: str):
-    services = [SERVICES_ON] if shape == "job_group" else []
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                            "infra.nodes=2", "infra.spot=true", f"skypilot.shape={shape}", "skypilot.cloud=aws",
-                            "storage.uri=s3://bucket/store", *services, *extra])
-
-
-def _render(shape: str, env: dict[str, str], *extra: str) -> templates.RenderedTask:
-    cfg = _cfg(shape, *extra)
-    files = {"train": f"{MOUNT}/train.parquet", "val": f"{MOUNT}/val.parquet"}
-    paths = VerlPaths("/tmp/verl-grpo/checkpoints/run-1")
-    if shape == "rollout_group":  # as VerlTrainer.plan composes it: rewards through the reward-server's client
-        paths = run_paths(cfg, paths.checkpoint_dir)
-        module, ov = ENTRY_MODULE, fully_async_overrides(cfg, files, paths, "run-1", env=env)
-    else:
-        module, ov = "verl.trainer.main_ppo", verl_overrides(cfg, files, paths, "run-1", env=env)
-    spec = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", module, *ov],
-                     overrides=ov, total_steps=20,
-                     env={DATASET_URI_ENV: "s3://bucket/store/datasets/gsm8k/abc123", DATASET_MOUNT_ENV: MOUNT,
-                          "MLFLOW_TRACKING_URI": "sqlite:////tmp/verl-grpo/mlflow.db",
-                          **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2,
-                                           CKPT_MOUNT if cfg.infra.nodes > 1 else None)})
-    return templates.render(cfg, spec, env, workdir="/src/verl-grpo")
+_cfg, _render = shape_config, render
 
 
 @pytest.mark.parametrize("shape", ["multinode", "job_group", "rollout_group"])

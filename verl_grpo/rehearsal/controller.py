@@ -35,6 +35,7 @@ from typing import Any
 
 from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
 from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
+from verl_grpo.rehearsal.node_env import ENV_BASE_ENV
 from verl_grpo.rehearsal.network import JobNetwork, listening_on_host, loopback_ports
 from verl_grpo.rehearsal.shims import write_shims
 from verl_grpo.rehearsal.sky_boundary import (
@@ -54,6 +55,8 @@ POLL_S = 0.1
 RECOVERY_WAIT_S = 1.0
 """Pause between killing a preempted task's nodes and relaunching it (SkyPilot re-provisions here)."""
 LOG_TAIL_LINES = 15
+BASE_ENV = "python"
+"""A node's bare Python environment, in its root (kept with a cluster's nodes between `sky exec` jobs)."""
 NAMESPACE_FLAGS = ("--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child")
 NEEDS_NAMESPACES = ("the rehearsal needs unprivileged user namespaces "
                     "(`unshare --user --map-root-user --mount --pid --fork` must work on this machine)")
@@ -266,8 +269,10 @@ class TaskRun:
             **_secret_values(self.task),
             "HOME": str(node.root / "home"),
             "USER": os.environ.get("USER", "root"),
-            "PATH": f"{self.job.path / 'shims'}:{Path(sys.executable).parent}:/usr/bin:/bin",
-            "PYTHONPATH": str(node.root / "workdir"),
+            # A bare interpreter first (the shims, then the node's base env), never this machine's venv: the node
+            # has only what its setup installs (node_env).
+            "PATH": f"{self.job.path / 'shims'}:{node.root / BASE_ENV}/bin:/usr/local/bin:/usr/bin:/bin",
+            ENV_BASE_ENV: str(node.root / BASE_ENV),
             ENV_ON_NODE: "1",
             "SKYPILOT_NODE_RANK": str(node.rank),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * num_nodes),

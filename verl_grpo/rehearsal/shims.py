@@ -1,11 +1,12 @@
 """Commands on a rehearsal node's PATH that stand in for what needs GPUs or the network: python, pip and uv.
 
 Stood in: `python -m verl.trainer.main_ppo` and the rollout group's `python -m verl_grpo.trainers.verl.fully_async_entry`
-(exec'd as their CPU stand-in modules), `pip install` / `uv pip install`
-(each requirement is checked offline against the real interpreter's installed packages instead of installed;
-GPU-only packages are reported and pass) and `uv venv` (a marker venv whose activate keeps the shims first).
-Runs for real: every other python invocation (exec'd as the real interpreter, silently). Each stand-in prints
-one `rehearsal:` line on stderr, so captured stdout (`$(python3 -c ...)`) stays clean.
+(exec'd as their CPU stand-in modules, in the node's environment), `pip install` / `uv pip install` (each
+requirement is checked offline against this machine's installed packages, then linked with its dependencies into
+the node's environment instead of downloaded, see `node_env`; GPU-only packages are reported and stood in) and
+`uv venv` (a bare venv, its `python` these shims). Runs for real: every other python invocation, in the node's
+environment (the activated venv, else the node's bare base one), never this machine's venv. Each stand-in prints
+`rehearsal:` lines on stderr, so captured stdout (`$(python3 -c ...)`) stays clean.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import platform
 import stat
 import sys
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -24,6 +26,7 @@ from packaging.utils import canonicalize_name
 
 from verl_grpo.pip_args import install_args
 from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE
+from verl_grpo.rehearsal import node_env
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
 FULLY_ASYNC_ENTRY = "verl_grpo.trainers.verl.fully_async_entry"
@@ -60,10 +63,30 @@ def write_shims(shims_dir: Path, real_python: str, package_root: Path) -> None:
 def main(command: str, args: list[str], real_python: str) -> int:
     """Entry of every shim; returns the exit code (or never returns: exec)."""
     if command in ("python", "python3"):
-        return _python(args, real_python)
+        return _python(args, _node_python(real_python))
     if command == "pip":
         return _pip(args)
     return _uv(args, real_python)
+
+
+def _node_env() -> Path | None:
+    """The environment this command acts in on a node: the venv whose `bin/python` it was run as, else the
+    activated venv, else the node's base one. None off a node (the shims' own tests)."""
+    if not os.environ.get(ENV_ON_NODE):
+        return None
+    invoked = Path(sys.argv[0])
+    if invoked.parent.name == "bin" and node_env.is_env(invoked.parent.parent):
+        return invoked.parent.parent
+    return node_env.active_env(_shims_dir())
+
+
+def _shims_dir() -> Path:
+    return Path(sys.argv[0]).resolve().parent
+
+
+def _node_python(real_python: str) -> str:
+    env = _node_env()
+    return real_python if env is None else str(env / "bin" / node_env.PYTHON_NAME)
 
 
 def _say(line: str) -> None:
@@ -93,18 +116,26 @@ def _pip(args: list[str]) -> int:
     if not args or args[0] != "install":
         _say(f"pip {' '.join(args[:1])} is not stood in (only `pip install`)")
         return 1
-    _say("pip install is checked offline against the real interpreter's packages, nothing is installed")
-    return check_install(args[1:])
+    return _install("pip install", args[1:])
 
 
 def _uv(args: list[str], real_python: str) -> int:
     if args[:2] == ["pip", "install"]:
-        _say("uv pip install is checked offline against the real interpreter's packages, nothing is installed")
-        return check_install(args[2:])
+        return _install("uv pip install", args[2:])
     if args[:1] == ["venv"]:
         return _uv_venv(args[1:], real_python)
     _say(f"uv {' '.join(args[:2])} is not stood in (only `uv pip install` and `uv venv`)")
     return 2
+
+
+def _install(command: str, args: list[str]) -> int:
+    env = _node_env()
+    if env is None:
+        _say(f"{command} is checked offline against this machine's packages, nothing is installed")
+        return check_install(args)
+    _say(f"{command} is checked offline against this machine's packages and linked into {env}, nothing is "
+         "downloaded")
+    return check_install(args, env)
 
 
 def _uv_venv(args: list[str], real_python: str) -> int:
@@ -122,18 +153,11 @@ def _uv_venv(args: list[str], real_python: str) -> int:
               f"the real interpreter is {platform.python_version()})", file=sys.stderr)
         return 2
     venv = Path(target or ".venv").absolute()
-    shims = Path(sys.argv[0]).resolve().parent
-    (venv / "bin").mkdir(parents=True, exist_ok=True)
-    (venv / "bin" / "activate").write_text(
-        f'export VIRTUAL_ENV={str(venv)!r}\n'
-        "# rehearsal: PATH is kept as it is (shims first, then the real interpreter)\n"
-        "deactivate() { unset VIRTUAL_ENV; }\n")
-    for name in ("python", "python3"):
-        link = venv / "bin" / name
-        if not link.exists():
-            link.symlink_to(shims / name)
-    _say(f"uv venv {venv} is a marker venv on the real interpreter {real_python}: activate sets VIRTUAL_ENV "
-         "and keeps PATH (shims first); packages are those of the real interpreter")
+    if node_env.is_env(venv):
+        _say(f"uv venv {venv}: kept (it exists)")
+        return 0
+    node_env.create_env(venv, _shims_dir())
+    _say(f"uv venv {venv}: a bare venv on {real_python}'s base interpreter; its python is the rehearsal's shim")
     return 0
 
 
@@ -150,8 +174,9 @@ def python_satisfies(wanted: str) -> bool:
     return version == text or version.startswith(text + ".")
 
 
-def check_install(args: list[str]) -> int:
-    """Check each requirement of a pip/uv install command line; 0 when all are satisfied or stood in."""
+def check_install(args: list[str], env: Path | None = None) -> int:
+    """Check each requirement of a pip/uv install command line; 0 when all are satisfied or stood in. With `env`
+    (a node's environment), then link what the line installs into it."""
     specs: list[str] = []
     projects: list[Path] = []
     no_deps = "--no-deps" in args
@@ -174,7 +199,47 @@ def check_install(args: list[str]) -> int:
     if failures:
         print(f"rehearsal: install check failed: {'; '.join(failures)}", file=sys.stderr, flush=True)
         return 1
+    if env is not None:
+        _link_requirements(env, specs)
+        for project in projects:
+            _link_project(env, project, no_deps)
     return 0
+
+
+def _link_requirements(env: Path, specs: list[str]) -> None:
+    requirements = []
+    for spec in specs:
+        req = _requirement(spec)
+        if req is not None and canonicalize_name(req.name) not in SHIMMED_TOOLS \
+                and (req.marker is None or req.marker.evaluate()):
+            requirements.append(req)
+    if not requirements:
+        return
+    plan = node_env.resolve(requirements, GPU_ONLY, GPU_EXTRAS)
+    new = node_env.link(env, plan.dists.values())
+    _say(f"linked {new} distribution(s) into {env} ({len(plan.dists)} with their dependencies)")
+    if plan.stood_in:
+        _say(f"not installed, stood in (GPU-only): {', '.join(sorted(plan.stood_in))}")
+        _record_standins(n for n in plan.stood_in if "[" not in n)
+    if plan.other_version:
+        _say("this machine's version where the node's resolver picks another: " + ", ".join(
+            f"{name} {have} (asked: {asked})" for name, (asked, have) in sorted(plan.other_version.items())))
+    if plan.unavailable:
+        _say(f"dependencies a node would install, not installed here, left out: {', '.join(sorted(plan.unavailable))}")
+
+
+def _requirement(spec: str) -> Requirement | None:
+    try:
+        return Requirement(spec)
+    except InvalidRequirement:
+        return None
+
+
+def _link_project(env: Path, project: Path, no_deps: bool) -> None:
+    meta = tomllib.loads((project / "pyproject.toml").read_text()).get("project", {})
+    name, version = meta.get("name", project.absolute().name), meta.get("version", "0")
+    node_env.install_project(env, project.absolute(), name, version, meta.get("scripts", {}))
+    _say(f"{project} installed editable into {env} as {name} {version}" + (" (--no-deps)" if no_deps else ""))
 
 
 def _read_requirements(path: Path) -> list[str]:
@@ -204,10 +269,14 @@ def _check_project(project: Path, no_deps: bool, specs: list[str]) -> list[str]:
 
 def _stood_in(spec: str, name: str, why: str) -> list[str]:
     _say(f"{spec}: {why}, stood in: GPU-only")
+    _record_standins([name])
+    return []
+
+
+def _record_standins(names: Iterable[str]) -> None:
     if os.environ.get(ENV_ON_NODE):
         with STANDINS_FILE.open("a") as f:
-            f.write(name + "\n")
-    return []
+            f.writelines(name + "\n" for name in names)
 
 
 def stood_in_packages() -> set[str]:
