@@ -157,7 +157,7 @@ class CheckpointStore:
         return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(base))
 
     def commit_in_place(self, run_id: str, step: int, state: dict[str, Any] | None = None) -> CheckpointRef:
-        """Commit a step dir whose files are already in the store (written through a bucket mount): hash every file as
+        """Commit a step dir whose files are already in the store (uploaded by a multi-node run's nodes): hash every file as
         the store holds it, then write the manifest. The caller first waits until the store holds the whole dir."""
         base = checkpoint_dir(run_id, step)
         listing = self.listing(run_id, step)

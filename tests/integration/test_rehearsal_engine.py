@@ -333,7 +333,8 @@ def test_setup_installing_uv_is_stood_in_by_the_uv_shim_even_without_uv_here(mon
 
 def _first_launch(monkeypatch, defect: str) -> str:
     """Today's rendered single-node training task (this checkout as its workdir, no restarts on errors) with one
-    first-launch defect put back: a node package setup forgot, or verl's mlflow logger without mlflow."""
+    first-launch defect put back: a node package setup forgot, verl's mlflow logger without mlflow, or a data
+    mount on a non-AWS cloud with AWS keys only in the environment."""
     from rendered_tasks import render
 
     from verl_grpo.providers.skypilot import templates
@@ -344,7 +345,12 @@ def _first_launch(monkeypatch, defect: str) -> str:
                             tuple(p for p in templates.CLUSTER_RUNTIME if not p.startswith("tenacity")))
     else:
         override = ("trainer.logger=[console,file]", "trainer.logger=[console,mlflow,file]")
-    text = render("multinode", {}, "infra.nodes=1", workdir=str(REPO), override=override).yaml
+    cloud = "skypilot.cloud=lambda" if defect.startswith("data mount") else "skypilot.cloud=aws"
+    text = render("multinode", {}, "infra.nodes=1", cloud, workdir=str(REPO), override=override).yaml
+    if defect.startswith("data mount"):
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+        text = text.replace("\nenvs:\n", "\nfile_mounts:\n  /tmp/verl-grpo/datasets/gsm8k/abc123: "
+                                         "s3://bucket/store/datasets/gsm8k/abc123\nenvs:\n", 1)
     text = text.replace("max_restarts_on_errors: 3", "max_restarts_on_errors: 0")
     if defect.endswith("without the preflight"):
         text = "\n".join(line for line in text.splitlines() if "verl_grpo.trainers.verl.preflight" not in line)
@@ -355,13 +361,17 @@ def _first_launch(monkeypatch, defect: str) -> str:
     ("tenacity", "FAILED_SETUP", "preflight: No module named 'tenacity' on this node"),
     ("mlflow logger", "FAILED_SETUP", "preflight: No module named 'mlflow' on this node"),
     ("tenacity without the preflight", "FAILED", "ModuleNotFoundError: No module named 'tenacity'"),
+    ("data mount off AWS", "FAILED_CONTROLLER",
+     "SkyPilot authenticates it on lambda only with an uploaded ~/.aws/credentials"),
 ])
-def test_a_hermetic_node_has_only_what_setup_installs_so_a_forgotten_package_fails_there(
+def test_each_first_launch_defect_put_back_fails_the_rehearsal_with_its_own_error(
         rehearsal, monkeypatch, defect, status, node_error):
-    """The first-launch defect the rehearsal used to hide (its nodes ran in this machine's venv, which has both):
-    each node's Python holds only what its setup's install lines bring, so the node's own error is in the report."""
+    """First-launch defects the rehearsal used to hide. Its nodes ran in this machine's venv, which has every package:
+    now each node's Python holds only what its setup's install lines bring, so the node's own error is in the report.
+    Its mounts took the task's secrets: now only the credentials SkyPilot would give a mount on the task's cloud."""
     job_id = sky.launch_managed(_first_launch(monkeypatch, defect), "first-launch", {}, job_group=False)
     assert wait(job_id, timeout=180)[0] == status
     report = sky.summary(job_id)["failure_reason"] + "\n".join(sky.tail_logs(job_id, follow=False))
     assert node_error in report
-    assert "linked into /tmp/verl-grpo/venv" in report and "stood in (GPU-only): verl[vllm], vllm" in report
+    if status != "FAILED_CONTROLLER":  # the mount fails before any node starts, as SkyPilot's provisioning would
+        assert "linked into /tmp/verl-grpo/venv" in report and "stood in (GPU-only): verl[vllm], vllm" in report

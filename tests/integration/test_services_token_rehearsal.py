@@ -62,18 +62,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _job_group(token_env: str, port: int) -> str:
-    """A job group shaped as the rendered one: the reward-server's own `serve` command bound to the node's IP and
-    the trainer reaching it at `reward-server-0.<group>`, the token declared by name under `secrets:`."""
+def _job_group(cfg, token_env: str, port: int) -> str:
+    """A job group shaped as the rendered one: the rendered setup (the node's venv with the cluster packages), the
+    reward-server's own `serve` command bound to the node's IP and the trainer reaching it at
+    `reward-server-0.<group>`, the token declared by name under `secrets:`."""
     spec = SERVICES["reward"]
     secrets = {token_env: None}
+    setup = "\n".join(["set -euo pipefail", *templates.venv_setup(templates.cluster_packages(cfg, "vllm"))])
+    venv = {"envs": {templates.VENV_ENV: templates.REMOTE_VENV}, "setup": setup}
+    activate = f'. "${templates.VENV_ENV}/bin/activate"\n'
+
     header = {"name": GROUP, "execution": "parallel", "inter_connection": True, "primary_tasks": ["trainer"],
               "termination_delay": "1s"}
-    server = {"name": spec.task, "workdir": str(REPO), "secrets": secrets,
-              "run": f"{templates.NODE_IP_LINE}\npython -m {spec.module} serve --host \"$NODE_IP\" --port {port} "
+    server = {"name": spec.task, "workdir": str(REPO), "secrets": secrets, **venv,
+              "run": f"{activate}{templates.NODE_IP_LINE}\npython -m {spec.module} serve --host \"$NODE_IP\" --port {port} "
                      f"--token-env {token_env} --exit-with-parent"}
-    trainer = {"name": "trainer", "workdir": str(REPO), "secrets": secrets,
-               "run": f'export {spec.url_env}="http://{spec.task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"\n'
+    trainer = {"name": "trainer", "workdir": str(REPO), "secrets": secrets, **venv,
+               "run": f'{activate}export {spec.url_env}="http://{spec.task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"\n'
                       f"cat > /tmp/reach.py <<'EOF'\n{TRAINER}EOF\npython /tmp/reach.py"}
     return "\n---\n".join(json.dumps(doc) for doc in (header, server, trainer))
 
@@ -82,7 +87,7 @@ def test_the_generated_token_reaches_the_services_and_the_trainer_as_a_secret_on
     cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
                            "skypilot.shape=job_group", "services.enabled=[reward]"])
     token_env = cfg.services.token_env
-    yaml = _job_group(token_env, _free_port())
+    yaml = _job_group(cfg, token_env, _free_port())
     values = templates.launch_secrets(cfg, {})  # what the provider passes at launch: a fresh token per launch
     secrets = {k: values[k] for k in rendered_secret_names(yaml)}
     token = secrets[token_env]

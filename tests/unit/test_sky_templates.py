@@ -47,8 +47,9 @@ def test_secrets_by_name_only_and_trainer_is_primary(shape):
     assert trainer["resources"]["use_spot"] is True and trainer["num_nodes"] == cluster_nodes(_cfg(shape))
     # The data is fetched by restore with the task's secrets: SkyPilot would sync a data mount with credentials
     # it uploads only from ~/.aws/credentials, none when they come from the environment.
-    assert trainer["file_mounts"] == {"/tmp/verl-grpo/checkpoints/run-1": {"source": CKPT_MOUNT,
-                                                                           "mode": "MOUNT_CACHED"}}
+    assert "file_mounts" not in trainer  # no bucket mount: every node syncs its checkpoints with the task's secrets
+    assert trainer["envs"]["VERL_GRPO_CHECKPOINT_MOUNT"] == CKPT_MOUNT
+    assert "python -m verl_grpo.trainers.verl.checkpoint_sync" in trainer["run"]
     assert f"--dataset-uri s3://bucket/store/datasets/gsm8k/abc123 --dataset-dir {MOUNT}" in trainer["run"]
     for service in tasks[:-1]:  # only the trainer's nodes write checkpoints
         assert "file_mounts" not in service
@@ -295,14 +296,14 @@ def test_the_knob_envs_are_on_the_trainer_only_and_never_secrets():
 
 def test_multinode_checkpoints_need_a_bucket_and_a_managed_job():
     with pytest.raises(ConfigError, match=r"storage.uri .* is no bucket; set storage.uri=s3://"):
-        templates.checkpoint_mount(_cfg("multinode", "storage.uri=file:///tmp/store"),
+        templates.checkpoint_sync_lines(_cfg("multinode", "storage.uri=file:///tmp/store"),
                                    TrainSpec(backend="verl", run_id="r", command=[], overrides=[], total_steps=1,
                                              env=checkpoint_env("file:///tmp/store", None, "r", "/tmp/c", 2,
                                                                 "file:///tmp/store/runs/r/checkpoints")))
-    with pytest.raises(ConfigError, match="sky exec.* mounts no bucket"):
+    with pytest.raises(ConfigError, match="a multi-node run is a managed job"):
         _render("multinode", {}, "skypilot.cluster=mine")
     single = _render("multinode", {}, "infra.nodes=1")
-    assert "MOUNT_CACHED" not in single.yaml
+    assert "checkpoint_sync" not in single.yaml
 
 
 def test_rollout_group_with_replay_passes_the_settings_to_the_entry_beside_the_buffers_url():

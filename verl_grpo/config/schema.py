@@ -189,11 +189,10 @@ class InfraConfig(_Section):
     accelerators: str | None = None
     """SkyPilot accelerator spec per node, e.g. `H100:8`; None on the local provider."""
     nodes: int = Field(1, ge=1)
-    """Number of nodes of the training cluster. With more than 1 (verl on skypilot), trainer.default_local_dir is
-    the store's `runs/<run_id>/checkpoints` mounted on every node (SkyPilot MOUNT_CACHED): each node's FSDP shards
-    reach the bucket through its mount and a checkpoint counts once its manifest is committed there. So it needs
-    storage.uri=s3://bucket/prefix (that SkyPilot can mount) and a managed job (no skypilot.cluster: `sky exec`
-    mounts no bucket)."""
+    """Number of nodes of the training cluster. With more than 1 (verl on skypilot), each node's checkpoint sync
+    uploads the FSDP shards its ranks write to the store's `runs/<run_id>/checkpoints` with the task's secrets, and a
+    checkpoint counts once its manifest is committed there. So it needs storage.uri=s3://bucket/prefix (which every
+    node reaches) and a managed job (no skypilot.cluster)."""
     spot: bool = False
     """Use spot instances (preemptible, recovered from the last checkpoint) where SkyPilot's catalog sells them for
     infra.accelerators (in skypilot.cloud/region when set); where no offer does, the task runs on-demand and the

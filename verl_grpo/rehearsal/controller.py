@@ -17,6 +17,7 @@ as `rehearsal: <what happened>`.
 from __future__ import annotations
 
 import collections
+import configparser
 import ctypes
 import json
 import os
@@ -30,6 +31,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,15 +246,42 @@ class TaskRun:
         (node.state / "hosts").write_text(hosts)
         if not self.exec_mode:  # `sky exec` does not sync file_mounts
             for dst, src in (self.task.file_mounts or {}).items():
-                materialize_mount(str(src), node_path(node.root, str(dst)), self._env_value)
+                materialize_mount(str(src), node_path(node.root, str(dst)), self._mount_credentials(dst, str(src)))
             for dst, storage in (getattr(self.task, "storage_mounts", None) or {}).items():
                 mode = getattr(storage.mode, "value", str(storage.mode))
                 if mode != "MOUNT_CACHED":
                     raise ValueError(f"file_mounts {dst}: the rehearsal stands in for bucket mounts in MOUNT_CACHED "
                                      f"mode only (got {mode})")
-                mount = CachedMount(str(storage.source), node_path(node.root, str(dst)), bucket_fs(self._env_value))
+                credentials = self._mount_credentials(dst, str(storage.source))
+                mount = CachedMount(str(storage.source), node_path(node.root, str(dst)), bucket_fs(credentials))
                 mount.start()
                 node.mounts.append(mount)
+
+    def _mount_credentials(self, dst: str, src: str) -> Callable[[str], str | None]:
+        """What SkyPilot authenticates a bucket mount or an s3:// file_mount with: the cloud's credentials, never the
+        task's envs or secrets (sky/clouds/aws.py get_credential_file_mounts). On AWS (or a task pinned to no cloud)
+        that is the nodes' IAM role, stood in by this machine's AWS environment; elsewhere only an uploaded
+        ~/.aws/credentials; AWS keys in the environment are not uploaded."""
+        endpoint = self._env_value("AWS_ENDPOINT_URL")
+        if not src.startswith("s3://"):
+            return lambda key: None
+        cloud = _pinned_cloud(self.task)
+        if cloud in (None, "aws"):
+            return lambda key: endpoint if key == "AWS_ENDPOINT_URL" else os.environ.get(key)
+        shared = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials")
+        parser = configparser.ConfigParser()
+        parser.read(shared)
+        profile = os.environ.get("AWS_PROFILE") or "default"
+        if not parser.has_option(profile, "aws_access_key_id"):
+            raise MountWithoutCredentials(
+                f"file_mounts {dst} ({src}): SkyPilot authenticates it on {cloud} only with an uploaded "
+                f"~/.aws/credentials, and {shared} has no keys; AWS keys in the environment or the task's secrets are "
+                "never used for mounts (sky/clouds/aws.py): fetch it in the task with its secrets instead")
+        values = {"AWS_ACCESS_KEY_ID": parser.get(profile, "aws_access_key_id"),
+                  "AWS_SECRET_ACCESS_KEY": parser.get(profile, "aws_secret_access_key", fallback=None),
+                  "AWS_SESSION_TOKEN": parser.get(profile, "aws_session_token", fallback=None),
+                  "AWS_ENDPOINT_URL": endpoint}
+        return values.get
 
     def _env_value(self, key: str) -> str | None:
         secrets = _secret_values(self.task)
@@ -647,6 +676,16 @@ exec sleep infinity
 def _paths_to_keep_under_tmp(paths: list[Path]) -> list[Path]:
     inside = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp") and p.resolve() != Path("/tmp")})
     return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+
+
+class MountWithoutCredentials(RuntimeError):
+    """A bucket mount SkyPilot would have no credentials for on the task's cloud."""
+
+
+def _pinned_cloud(task: Any) -> str | None:
+    """The one cloud every resource of the task names (lower case), else None."""
+    clouds = {str(r.cloud).lower() for r in (task.resources or ()) if r.cloud is not None}
+    return clouds.pop() if len(clouds) == 1 and all(r.cloud is not None for r in task.resources) else None
 
 
 def _on_kubernetes(task: Any) -> bool:

@@ -123,9 +123,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     if cfg.infra.accelerators:
         checks.run(check_gpu_memory, cfg)
     checks.run(check_attention, cfg)
-    line, warning = credential_path(cfg, env)
-    report.checks.append(line)
-    report.warnings += [warning] if warning else []
+    report.checks.append(credential_path(cfg))
     report.seconds = time.perf_counter() - start
     if checks.failures:
         raise DryRunFailed(checks.failures)
@@ -323,24 +321,14 @@ def check_placement(cfg: RunConfig) -> str:
             "provisioning); the cost table below prices the catalog's VM clouds, not your cluster")
 
 
-def credential_path(cfg: RunConfig, env: Mapping[str, str]) -> tuple[str, str | None]:
-    """How the nodes authenticate to the store, and a warning where a multi-node run's checkpoint mount would not.
-
-    No data is mounted (the nodes fetch it with the task's secrets); a multi-node run mounts its checkpoint directory
-    (MOUNT_CACHED), which SkyPilot authenticates on AWS with its IAM role and elsewhere only from an uploaded
-    ~/.aws/credentials, never from credentials in the environment (sky/clouds/aws.py get_credential_file_mounts)."""
-    line = "credentials: every node reads data and commits checkpoints with the task's AWS secrets (s3fs)"
-    if cluster_nodes(cfg) <= 1:
-        return line + "; no bucket is mounted", None
-    if (cfg.skypilot.cloud or "").lower() == "aws":
-        return line + "; the checkpoint bucket mount uses SkyPilot's IAM role on the AWS nodes", None
-    if not env.get("AWS_ACCESS_KEY_ID"):
-        return line + "; SkyPilot uploads ~/.aws/credentials for the checkpoint bucket mount", None
-    return line + "; the checkpoint bucket mount has no credentials off AWS", (
-        f"infra.nodes={cfg.infra.nodes} mounts the checkpoint bucket on every node, and off AWS SkyPilot authenticates "
-        "that mount only from ~/.aws/credentials, not from AWS_ACCESS_KEY_ID in the environment: on "
-        f"{cfg.skypilot.cloud or 'a non-AWS cloud'} provisioning would fail; set skypilot.cloud=aws, or move the "
-        "keys to ~/.aws/credentials and unset them")
+def credential_path(cfg: RunConfig) -> str:
+    """How the nodes authenticate to the store: always with the task's AWS secrets, never through a SkyPilot bucket
+    mount, which SkyPilot authenticates with the cloud's credentials (an IAM role on AWS, elsewhere only an uploaded
+    ~/.aws/credentials, never credentials from the environment: sky/clouds/aws.py get_credential_file_mounts)."""
+    line = "credentials: every node reads data and commits checkpoints with the task's AWS secrets (s3fs); no bucket is mounted"
+    if cluster_nodes(cfg) > 1:
+        line += "; each node's checkpoint sync uploads its shards with the same secrets"
+    return line
 
 
 def check_attention(cfg: RunConfig) -> str:

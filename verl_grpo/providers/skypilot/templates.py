@@ -50,11 +50,13 @@ from verl_grpo.trainers.verl.fully_async import (
 )
 from verl_grpo.trainers.verl.overrides import cluster_nodes, uses_fully_async
 from verl_grpo.trainers.verl.settings import (
+    CHECKPOINT_SYNC_LOG,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_MOUNT,
     ENV_RUN_ID,
     ENV_STORE_ENDPOINT,
     ENV_STORE_URI,
+    metrics_dir,
 )
 
 REMOTE_WORKDIR = "/tmp/verl-grpo"
@@ -344,7 +346,7 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     step_prompts = prompts_per_checkpoint_step(cfg) if fully_async else knobs.train_batch
     return {
         "name": job_name(spec.run_id),
-        "checkpoint_mount": checkpoint_mount(cfg, spec),
+        **checkpoint_sync_lines(cfg, spec),
         "num_nodes": cluster_nodes(cfg),
         "accelerators": cfg.infra.accelerators,
         "use_spot": cfg.infra.spot,
@@ -379,21 +381,29 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     }
 
 
-def checkpoint_mount(cfg: RunConfig, spec: TrainSpec) -> dict[str, str] | None:
-    """{path, source} of the trainer's checkpoint mount on a multi-node run (SkyPilot MOUNT_CACHED of the store's
-    `runs/{run_id}/checkpoints` at trainer.default_local_dir on every node), else None."""
+CHECKPOINT_SYNC_MODULE = "verl_grpo.trainers.verl.checkpoint_sync"
+
+
+def checkpoint_sync_lines(cfg: RunConfig, spec: TrainSpec) -> dict[str, str | None]:
+    """On a multi-node run, the lines that run each node's checkpoint sync (verl_grpo.trainers.verl.checkpoint_sync:
+    the node's checkpoint dir uploaded to the store's `runs/{run_id}/checkpoints` with the task's secrets): on the
+    head in the background of its run, off its output (SkyPilot streams a node's log until every process holding it
+    exits); on a worker in the foreground until the run finished. Both None on one node."""
     source = spec.env.get(ENV_CHECKPOINT_MOUNT)
     if not source:
-        return None
+        return {"checkpoint_sync": None, "checkpoint_sync_worker": None}
     if not source.startswith("s3://"):
-        raise ConfigError(f"a {cluster_nodes(cfg)}-node Ray cluster keeps verl's checkpoints on a bucket every node "
-                          f"mounts, but storage.uri {cfg.storage.uri!r} is no bucket; set "
+        raise ConfigError(f"a {cluster_nodes(cfg)}-node Ray cluster keeps verl's checkpoints in a bucket every node "
+                          f"uploads to, but storage.uri {cfg.storage.uri!r} is no bucket; set "
                           "storage.uri=s3://bucket/prefix or infra.nodes=1 (skypilot.shape=multinode)")
     if cfg.skypilot.cluster:
-        raise ConfigError(f"infra.nodes={cfg.infra.nodes} with skypilot.cluster={cfg.skypilot.cluster!r}: `sky exec` "
-                          "on an existing cluster mounts no bucket, and verl's nodes need the shared checkpoint mount; "
-                          "drop skypilot.cluster (a managed job) or use infra.nodes=1")
-    return {"path": spec.env[ENV_CHECKPOINT_DIR], "source": source}
+        raise ConfigError(f"infra.nodes={cfg.infra.nodes} with skypilot.cluster={cfg.skypilot.cluster!r}: a multi-node "
+                          "run is a managed job (its nodes are provisioned, joined and recovered together); drop "
+                          "skypilot.cluster or use infra.nodes=1")
+    log = metrics_dir(spec.env[ENV_CHECKPOINT_DIR], True) / CHECKPOINT_SYNC_LOG
+    return {"checkpoint_sync": f"mkdir -p {shlex.quote(str(log.parent))} && setsid python -m {CHECKPOINT_SYNC_MODULE} "
+                               f">> {shlex.quote(str(log))} 2>&1 < /dev/null &",
+            "checkpoint_sync_worker": f"python -m {CHECKPOINT_SYNC_MODULE} --until-finished"}
 
 
 def _render(template: str, ctx: dict) -> str:

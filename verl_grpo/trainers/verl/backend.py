@@ -147,9 +147,9 @@ def directory_digest(path: Path) -> str:
 
 
 def checkpoint_mount(cfg: RunConfig, store: Store, run_id: str, cluster: Cluster) -> str | None:
-    """The store URI mounted at trainer.default_local_dir on every node of a multi-node run (`runs/{run_id}/
-    checkpoints`, where committed checkpoints live), else None. verl's ranks write their shards on their own nodes;
-    through the mount they all land in one place, and the commit writes the manifest in place."""
+    """The store URI every node of a multi-node run uploads trainer.default_local_dir to (`runs/{run_id}/checkpoints`,
+    where committed checkpoints live; `checkpoint_sync`), else None. verl's ranks write their shards on their own
+    nodes; through the syncs they all land in one place, and the commit writes the manifest in place."""
     if cluster_nodes(cfg) < 2 or cluster.on_this_machine:
         return None
     return store.url(checkpoints_dir(run_id))

@@ -3,8 +3,8 @@
 verl calls `on_save(trainer=, global_step=, checkpoint_dir=, async_save=)` on the driver after each save. The
 step dir is hard-linked into a staging dir (verl may delete the original at its next save while the upload
 runs), gets the metrics so far, and is committed through `CheckpointStore` on a `BackgroundSaver`. On a multi-node
-run the step dir is on the store mount every node shares: it gets the metrics in place and the background commit
-waits for the mounts' uploads before writing the manifest (`commit.commit_mounted`).
+run every node's checkpoint sync uploads its step dir: it gets the metrics in place and the background commit
+waits for the uploads before writing the manifest (`commit.commit_mounted`).
 
 verl is never imported here: its callback protocol is duck-typed, so this module stays cheap to import.
 """
@@ -60,7 +60,7 @@ class StoreCheckpointCallback:
         if step_dir.name != step_dir_name(global_step):
             raise TrainingError(f"verl reported step {global_step} but checkpoint dir {step_dir}; expected "
                                 f"{step_dir_name(global_step)}")
-        if self.settings.mount:  # other nodes' shards reach the store through their mounts: commit_mounted waits
+        if self.settings.mount:  # every node's checkpoint sync uploads its shards: commit_mounted waits
             staged = write_step_metrics(self.settings, global_step).parent
         else:
             staged = prepare_upload(self.settings, step_dir, global_step)

@@ -1,7 +1,7 @@
 """Committing a verl `global_step_N` dir to the store: check it is whole, stage it, add the metrics so far.
 
-On a multi-node run the dir is already in the store, written through the bucket mount every node shares
-(`StoreSettings.mount`): the commit waits for the mounts' uploads and writes the manifest in place
+On a multi-node run every node's checkpoint sync uploads its ranks' files to the store (`StoreSettings.mount`,
+`checkpoint_sync`): the commit waits until the store holds the whole dir and writes the manifest in place
 (`commit_mounted`). Used by the checkpoint callback after each save (in the background) and by finalize when the
 last commit was lost.
 """
@@ -51,7 +51,7 @@ def missing_parts(names: Iterable[str], read_json: Callable[[str], Any]) -> list
 def check_complete(step_dir: Path) -> None:
     """Raise unless verl finished writing `step_dir`: dataloader state present, every FSDP rank's shard present.
 
-    FSDP ranks write their shards to their own node's disk; on a multi-node run without the checkpoint mount
+    FSDP ranks write their shards to their own node's disk; on a multi-node run without the nodes' checkpoint sync
     (`settings.ENV_CHECKPOINT_MOUNT`) the driver sees only its node's ranks, and committing that would store a torn
     checkpoint.
     """
@@ -63,7 +63,7 @@ def check_complete(step_dir: Path) -> None:
     if missing:
         raise ConfigError(
             f"checkpoint {step_dir} lacks {'; '.join(missing)}: they were written on other nodes' disks. "
-            "Multi-node verl runs keep trainer.default_local_dir on the store mount every node shares, which the "
+            "Multi-node verl runs upload every node's checkpoint dir to the store (checkpoint_sync), which the "
             "skypilot provider renders for infra.nodes > 1; launch through verl-grpo, or use infra.nodes=1")
 
 
@@ -106,8 +106,8 @@ def prepare_upload(settings: StoreSettings, step_dir: Path, step: int) -> Path:
 
 
 UPLOAD_WAIT_S = 1800.0
-"""Longest a commit waits for the nodes' checkpoint mounts to upload a step dir (SkyPilot's MOUNT_CACHED writes back
-asynchronously, file by file, after each file is closed)."""
+"""Longest a commit waits for the nodes' checkpoint syncs to upload a step dir (they write back asynchronously, file by
+file, once each file has settled)."""
 UPLOAD_POLL_S = 1.0
 
 
@@ -132,20 +132,21 @@ def await_uploaded(checkpoints: CheckpointStore, settings: StoreSettings, step: 
             return stored
         if time.monotonic() >= deadline:
             raise InfraError(f"checkpoint step {step}: the store still lacks {', '.join(missing[:5])} after "
-                             f"{timeout_s:.0f} s; the nodes' checkpoint mounts ({settings.mount}) did not upload it, "
+                             f"{timeout_s:.0f} s; the nodes' checkpoint syncs (to {settings.mount}, log: checkpoint-sync.log "
+                             "beside each node's metrics) did not upload it, "
                              "so it stays uncommitted")
         time.sleep(poll_s)
 
 
 def commit_mounted(checkpoints: CheckpointStore, settings: StoreSettings, step: int,
                    state: dict[str, Any] | None) -> CheckpointRef:
-    """Commit a step dir verl wrote through the store mount: wait for the uploads, then the manifest, in place."""
+    """Commit a step dir the nodes' checkpoint syncs upload: wait for the uploads, then the manifest, in place."""
     await_uploaded(checkpoints, settings, step)
     return checkpoints.commit_in_place(settings.run_id, step, state)
 
 
 def write_step_metrics(settings: StoreSettings, step: int) -> Path:
-    """The metrics so far into the mounted step dir, where the mount uploads them with verl's files."""
+    """The metrics so far into the local step dir, where the checkpoint sync uploads them with verl's files."""
     return write_jsonl_atomic(settings.checkpoint_dir / step_dir_name(step) / METRICS_FILE,
                               merged_metrics(settings, upto_step=step))
 

@@ -235,8 +235,8 @@ def cluster_nodes(cfg: RunConfig) -> int:
 
 
 def verl_keep(cfg: RunConfig) -> int:
-    """trainer.max_actor_ckpt_to_keep: storage.keep_last; at least 2 on multi-node runs, where verl deletes old step
-    dirs from the shared store mount itself, so the previous step stays until its background commit is done."""
+    """trainer.max_actor_ckpt_to_keep: storage.keep_last; at least 2 on multi-node runs, so verl keeps the previous
+    step dir on each node's disk until the node's checkpoint sync and its background commit are done."""
     return max(cfg.storage.keep_last, 2) if cluster_nodes(cfg) > 1 else cfg.storage.keep_last
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import DataError
-from verl_grpo.layout import step_dir_name
 from verl_grpo.store import Store
 from verl_grpo.trainers import protocol
 from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, write_jsonl_atomic
@@ -37,11 +36,17 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
 
     Local `global_step_*` dirs other than the restored one are deleted and the tracker is rewritten (or removed),
     so verl's resume_mode=auto can only pick a checkpoint whose every file matched the manifest's sha256.
-    On a multi-node run (settings.mount) see `restore_mounted`.
+    On a multi-node run (settings.mount: every node's checkpoint sync uploads to the store) every node restores into
+    its own disk, where its ranks read their shards; the head first deletes from the store every step newer than the
+    latest committed one, which an attempt that died before committing it left torn.
     """
     checkpoints = checkpoints or CheckpointStore(settings.store())
-    if settings.mount:
-        return restore_mounted(settings, checkpoints, node_rank)
+    if settings.mount and node_rank == 0:
+        ref = checkpoints.latest_complete(settings.run_id)
+        for step in checkpoints.steps(settings.run_id):
+            if step > (ref.step if ref else 0):
+                checkpoints.discard(settings.run_id, step)
+                print(f"removed uncommitted checkpoint step {step} of run {settings.run_id} from the store", flush=True)
     local = settings.checkpoint_dir
     local.mkdir(parents=True, exist_ok=True)
     # Remove the tracker first: a crash below must leave "start fresh", never a pointer to a half-restored dir.
@@ -56,34 +61,6 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
     write_jsonl_atomic(settings.history_path, read_records(step_dir / METRICS_FILE))
     write_tracker(local, ref.step)
     print(f"restored checkpoint step {ref.step} of run {settings.run_id} from {ref.uri}", flush=True)
-    return ref.step
-
-
-def restore_mounted(settings: StoreSettings, checkpoints: CheckpointStore, node_rank: int) -> int | None:
-    """Multi-node: default_local_dir is the store mount every node shares, so nothing is downloaded; the head
-    (node rank 0, where verl's driver reads the tracker) points verl's tracker at the latest committed checkpoint
-    and deletes from the store every newer step dir, which an attempt that died before committing it left torn.
-    verl's ranks read their shards through their own node's mount. Other nodes do nothing."""
-    if node_rank != 0:
-        print(f"node {node_rank}: checkpoints of run {settings.run_id} are read through the store mount at "
-              f"{settings.checkpoint_dir}; the head restores", flush=True)
-        return None
-    local = settings.checkpoint_dir
-    local.mkdir(parents=True, exist_ok=True)
-    (local / TRACKER_FILE).unlink(missing_ok=True)  # first: a crash below leaves "start fresh"
-    ref = checkpoints.latest_complete(settings.run_id)
-    for step in checkpoints.steps(settings.run_id):
-        if step > (ref.step if ref else 0):
-            checkpoints.discard(settings.run_id, step)
-            print(f"removed uncommitted checkpoint step {step} of run {settings.run_id} from the store", flush=True)
-    if ref is None:
-        write_jsonl_atomic(settings.history_path, [])
-        print(f"no committed checkpoint of run {settings.run_id}; verl starts from scratch", flush=True)
-        return None
-    write_jsonl_atomic(settings.history_path, read_records(local / step_dir_name(ref.step) / METRICS_FILE))
-    write_tracker(local, ref.step)
-    print(f"restored checkpoint step {ref.step} of run {settings.run_id} from {ref.uri} (in place, through the "
-          f"store mount at {local})", flush=True)
     return ref.step
 
 

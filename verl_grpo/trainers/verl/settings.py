@@ -22,9 +22,11 @@ ENV_CHECKPOINT_DIR = "VERL_GRPO_CHECKPOINT_DIR"
 """Must equal verl's trainer.default_local_dir (verl_overrides sets both from the same value)."""
 ENV_KEEP_LAST = "VERL_GRPO_KEEP_LAST"
 ENV_CHECKPOINT_MOUNT = "VERL_GRPO_CHECKPOINT_MOUNT"
-"""Set on multi-node runs: the store URI (`runs/{run_id}/checkpoints`) that SkyPilot mounts at the checkpoint dir on
-every node (MOUNT_CACHED). verl writes its step dirs straight into the store through it; commits wait for the
-mount's uploads and write the manifest in place (`commit.commit_mounted`)."""
+"""Set on multi-node runs: the store URI (`runs/{run_id}/checkpoints`) that every node's checkpoint sync uploads the
+node's checkpoint dir to (`checkpoint_sync`), so every rank's shards of a step land in one place; commits wait for
+those uploads and write the manifest in place (`commit.commit_mounted`)."""
+CHECKPOINT_SYNC_LOG = "checkpoint-sync.log"
+"""The checkpoint sync's output, in the node's metrics dir (it runs detached from the task's log)."""
 ENV_VERL_METRICS = "VERL_FILE_LOGGER_PATH"
 """verl's own `file` logger writes one `{"step": N, "data": {...}}` line per step here (truncated at each start)."""
 
