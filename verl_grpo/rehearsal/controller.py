@@ -434,6 +434,7 @@ class JobController:
         self.exec_mode = self.info.get("kind") == "cluster"
         self.cluster_path = Path(self.info["state_dir"]) / "clusters" / str(self.info.get("cluster"))
         self.log = JobLog(path / "run.log")
+        self._live_status = "RUNNING"
         self.cancel_requested = False
         self.secrets: dict[str, str] = {}
         self.tasks: list[TaskRun] = []
@@ -576,10 +577,13 @@ class JobController:
         return "SUCCEEDED", None
 
     def _status(self) -> str:
-        """The live job's status is its (first) primary's; the job stays RUNNING while auxiliaries drain after
-        the primaries ended, so a final status is only ever reported once the job has really ended."""
+        """The live job's status is its (first) primary's; once the primary has ended the job keeps the last status
+        it showed (RUNNING while auxiliaries drain; a job whose setup failed never showed RUNNING), so a final
+        status is only ever reported once the job has really ended."""
         primary = next(t for t in self.tasks if t.watch_steps)
-        return "RUNNING" if primary.terminal else primary.status
+        if not primary.terminal:
+            self._live_status = primary.status
+        return self._live_status
 
     def _publish(self) -> None:
         self._set_state(status=self._status(), recovery_count=sum(t.recovery_count for t in self.tasks),
