@@ -62,6 +62,8 @@ from verl_grpo.trainers.verl.settings import (
 REMOTE_WORKDIR = "/tmp/verl-grpo"
 """Absolute working directory of a run on every node (datasets, checkpoints, MLflow file)."""
 RAY_PORT = 6379
+RAY_TEMP_DIR = f"{REMOTE_WORKDIR}/ray"
+"""Our Ray head's `--temp-dir`: its processes name it, so a later job stops exactly this Ray (`ray_head`)."""
 RAY_DASHBOARD_PORT = 8265
 NODE_WAIT_S = 600
 """How long the head waits for every node to join its Ray cluster before the job fails."""
@@ -190,11 +192,16 @@ def venv_setup(packages: list[str] | tuple[str, ...]) -> list[str]:
 PREFLIGHT_MODULE = "verl_grpo.trainers.verl.preflight"
 
 
+def ray_head_stop_command() -> list[str]:
+    return ["python", "-m", "verl_grpo.trainers.verl.ray_head", "stop", RAY_TEMP_DIR, str(RAY_PORT)]
+
+
 def preflight_line(cfg: RunConfig, spec: TrainSpec) -> str:
     """The trainer task's last setup line: find every package its run imports (verl_grpo.trainers.verl.preflight),
     so a missing one fails setup, which SkyPilot does not retry, rather than run, which it restarts."""
     main = spec.command[spec.command.index("-m") + 1]
-    run = " ".join([*spec.command, *restore_command(spec.env), *finalize_command(cfg)])
+    run = " ".join([*spec.command, *restore_command(spec.env), *finalize_command(cfg), *ray_head_stop_command(),
+                    "python", "-m", CHECKPOINT_SYNC_MODULE])
     packages = {main.split(".")[0], *needed_imports(run)} - {"verl_grpo"}
     if cfg.verl.attn_implementation == "flash_attention_2":
         packages.add("flash_attn")
@@ -375,6 +382,8 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "finalize_command": " ".join([shlex.join(finalize[:at]), step_prompts, *map(shlex.quote, finalize[at + 1:])]),
         "trainer_task": TRAINER_TASK,
         "ray_port": RAY_PORT,
+        "ray_temp_dir": RAY_TEMP_DIR,
+        "ray_head_stop": shlex.join(ray_head_stop_command()),
         "dashboard_port": RAY_DASHBOARD_PORT,
         "node_ip_line": NODE_IP_LINE,
         "node_wait_s": NODE_WAIT_S,
