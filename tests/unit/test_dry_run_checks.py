@@ -177,3 +177,25 @@ def test_the_credential_path_is_named_and_no_node_mounts_a_bucket_on_any_cloud()
         text = render(shape, {}, "skypilot.cloud=kubernetes" if shape != "multinode" else "skypilot.cloud=lambda").yaml
         assert "MOUNT_CACHED" not in text and "file_mounts" not in text
         assert "setsid python -m verl_grpo.trainers.verl.checkpoint_sync >> " in text
+
+def test_a_kubernetes_launch_is_priced_from_the_clusters_own_rates():
+    """No SkyPilot catalog prices Kubernetes: skypilot.kubernetes_prices does, for every task of the group."""
+    from verl_grpo.providers.skypilot.cost import estimate_kubernetes_cost, launch_tasks
+
+    rates = "skypilot.kubernetes_prices={H100: 2.5, cpu: 0.05, memory: 0.01}"
+    cfg = _cfg("skypilot.shape=job_group", "skypilot.cloud=kubernetes", "services.enabled=[data,reward,retrieval]",
+               rates)
+    estimate = estimate_kubernetes_cost(cfg)
+    (row,) = estimate.rows
+    expected = 0.0
+    for task in launch_tasks(cfg):
+        gpus = int(task.accelerators.split(":")[1]) * 2.5 if task.accelerators else 0.0
+        cpus = float(task.cpus.rstrip("+")) * 0.05 if task.cpus else 0.0
+        memory = float(task.memory.rstrip("+")) * 0.01 if task.memory else 0.0
+        expected += task.nodes * task.hours * (gpus + cpus + memory)
+    assert row.cloud == "kubernetes" and row.spot is None and abs(row.on_demand - expected) < 1e-9
+    assert expected > 0 and any(t.cpus for t in launch_tasks(cfg))  # the services' CPUs are in it
+    assert any("kubernetes" in line for line in estimate.render_lines())
+    with pytest.raises(ConfigError, match=r"skypilot.kubernetes_prices has no price for H100"):
+        estimate_kubernetes_cost(_cfg("skypilot.shape=job_group", "skypilot.cloud=kubernetes",
+                                      "skypilot.kubernetes_prices={A100: 1.5}"))

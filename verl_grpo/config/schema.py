@@ -382,6 +382,10 @@ class SkyPilotConfig(_Section):
     generation over verl.rollout_tp-GPU replicas on them; the trainer pushes weights to all of them over NCCL."""
     step_seconds: float = Field(120.0, gt=0)
     """Your estimate of seconds per training step, used only for the dry-run cost estimate."""
+    kubernetes_prices: dict[str, float] = Field(default_factory=dict)
+    """What your Kubernetes cluster's capacity costs, for the dry-run cost estimate on skypilot.cloud=kubernetes (no
+    SkyPilot catalog prices it): $ per hour of one accelerator by its name (e.g. `H100`), and optionally of one vCPU
+    (`cpu`) and one GiB of memory (`memory`), e.g. `{H100: 2.5, cpu: 0.03, memory: 0.004}`. Empty: not priced."""
     eval_minutes: float = Field(20.0, gt=0)
     """Your estimate of the held-out eval task's minutes (provisioning, setup, model download, vLLM generation),
     used only for the dry-run cost estimate."""

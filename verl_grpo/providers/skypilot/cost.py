@@ -180,6 +180,44 @@ def estimate_cost(cfg: RunConfig, boundary: ModuleType) -> CostEstimate:
                         spot_first=cfg.infra.spot, overhead_hours=overhead_h, overhead_note=note, clouds=offers_cloud)
 
 
+@dataclass(frozen=True)
+class KubernetesOffer:
+    """A task's capacity on your Kubernetes cluster, priced from skypilot.kubernetes_prices (as a catalog row)."""
+
+    price: float
+    cloud: str = "kubernetes"
+    region: str = "your cluster"
+    instance_type: str = "pods"
+    spot_price: float | None = None
+
+
+def estimate_kubernetes_cost(cfg: RunConfig) -> CostEstimate:
+    """The whole launch priced from skypilot.kubernetes_prices: per node, each accelerator at its price, plus its
+    vCPUs and GiB at `cpu` and `memory` where the task asks for them. ConfigError naming the missing price."""
+    rates = cfg.skypilot.kubernetes_prices
+    tasks = launch_tasks(cfg)
+    prices = {}
+    for task in tasks:
+        hourly = 0.0
+        if task.accelerators:
+            name, count = _accelerator_count(task.accelerators, "infra.accelerators")
+            if name not in rates:
+                raise ConfigError(f"skypilot.kubernetes_prices has no price for {name} (the {task.name} task's "
+                                  f"accelerators); add it, e.g. -o 'skypilot.kubernetes_prices={{{name}: 2.5}}'")
+            hourly += count * rates[name]
+        for unit, amount in (("cpu", task.cpus), ("memory", task.memory)):
+            if amount and unit in rates:
+                hourly += float(str(amount).rstrip("+")) * rates[unit]
+        prices[task.name] = [KubernetesOffer(price=hourly)]
+    line = _line(cfg, tasks, prices, prices[tasks[0].name][0], 0.0)
+    unpriced = [u for u in ("cpu", "memory") if u not in rates]
+    note = "none on Kubernetes (pods are not preempted as spot VMs are)" + (
+        f"; {' and '.join(unpriced)} of the CPU tasks not priced (no skypilot.kubernetes_prices.{unpriced[0]})"
+        if unpriced else "")
+    return CostEstimate(tasks=tasks, rows=[line], left_off=0, spot_first=False, overhead_hours=0.0,
+                        overhead_note=note, clouds=["kubernetes"])
+
+
 def _line(cfg: RunConfig, tasks: list[LaunchTask], prices: dict, row, overhead_h: float) -> CostLine:
     """The launch with the trainer on `row` and every other task at its cheapest offer in the same region
     (else in the same cloud, else anywhere: the eval is a job of its own)."""

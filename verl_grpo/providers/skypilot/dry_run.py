@@ -42,7 +42,13 @@ from verl_grpo.providers.skypilot.checks import (
     with_spot_choice,
 )
 from verl_grpo.providers.skypilot.node_imports import check_node_imports
-from verl_grpo.providers.skypilot.cost import CostEstimate, available_catalog_clouds, estimate_cost, seed_catalog_cache
+from verl_grpo.providers.skypilot.cost import (
+    CostEstimate,
+    available_catalog_clouds,
+    estimate_cost,
+    estimate_kubernetes_cost,
+    seed_catalog_cache,
+)
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
 from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
@@ -102,7 +108,13 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     checks.run(check_data, cfg)
     checks.run(check_placement, cfg)
     if cfg.infra.accelerators and on_kubernetes(cfg):
-        report.checks.append("cost and eval GPUs not priced: Kubernetes capacity is your cluster's, in no catalog")
+        if cfg.skypilot.kubernetes_prices:
+            report.costs = checks.run(estimate_kubernetes_cost, cfg, line=False)
+            report.checks.append("cost: priced from skypilot.kubernetes_prices (your cluster's rates; no catalog "
+                                 "prices Kubernetes)")
+        else:
+            report.checks.append("cost not priced: Kubernetes capacity is your cluster's, in no catalog; set "
+                                 "skypilot.kubernetes_prices (e.g. {H100: 2.5, cpu: 0.03, memory: 0.004}) to price it")
     elif cfg.infra.accelerators:
         seed_catalog_cache(boundary)
         cfg, warning = with_spot_choice(cfg, boundary)
