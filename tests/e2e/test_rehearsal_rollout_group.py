@@ -1,8 +1,8 @@
 """The rollout_group shape on the local rehearsal of SkyPilot, through the pipeline's own calls (resolve, prepare,
 provision, train): one Ray cluster of a trainer node and a rollout node running verl's fully-async entry (stood in
 on the CPU by `fully_async_cpu`) beside the data-server, reward-server and replay buffer; rewards come from the
-reward-server, checkpoints are numbered by weight sync and committed through the nodes' checkpoint syncs, and a preemption
-resumes from the last committed version with no prompt lost or trained twice."""
+reward-server, checkpoints are numbered by weight sync and committed through the nodes' checkpoint syncs, and a
+preemption resumes from the last committed version with no prompt lost or trained twice."""
 
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
         run=textwrap.dedent("""\
             set -e
             echo "FOO=$FOO TOKEN=$MY_TOKEN GPUS=$SKYPILOT_NUM_GPUS_PER_NODE NODES=$SKYPILOT_NUM_NODES ON=$VERL_GRPO_REHEARSAL"
-            echo "IPS=$(echo "$SKYPILOT_NODE_IPS" | wc -l) PYTHONPATH=${PYTHONPATH:-unset} PYTHON=$(python -c 'import yaml' 2>/dev/null && echo ours || echo bare)"
+            BARE=$(python -c 'import yaml' 2>/dev/null && echo ours || echo bare)
+            echo "IPS=$(echo "$SKYPILOT_NODE_IPS" | wc -l) PYTHONPATH=${PYTHONPATH:-unset} PYTHON=$BARE"
             echo "LOCAL=$(cat /tmp/verl-grpo/local.txt) S3=$(cat /tmp/verl-grpo/obj.txt)"
             test ! -e ignored.txt && test -e untracked.txt && echo "SYNC=ok"
             if [ "$SKYPILOT_NODE_RANK" = 0 ]; then python train.py 2; fi

@@ -75,7 +75,8 @@ def _job_group(cfg, token_env: str, port: int) -> str:
     header = {"name": GROUP, "execution": "parallel", "inter_connection": True, "primary_tasks": ["trainer"],
               "termination_delay": "1s"}
     server = {"name": spec.task, "workdir": str(REPO), "secrets": secrets, **venv,
-              "run": f"{activate}{templates.NODE_IP_LINE}\npython -m {spec.module} serve --host \"$NODE_IP\" --port {port} "
+              "run": f"{activate}{templates.NODE_IP_LINE}\n"
+                     f"python -m {spec.module} serve --host \"$NODE_IP\" --port {port} "
                      f"--token-env {token_env} --exit-with-parent"}
     trainer = {"name": "trainer", "workdir": str(REPO), "secrets": secrets, **venv,
                "run": f'{activate}export {spec.url_env}="http://{spec.task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"\n'
