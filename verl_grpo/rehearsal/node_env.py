@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -125,7 +125,7 @@ def link(env: Path, dists: Iterable[metadata.Distribution]) -> int:
         marker = target / f"{LINKED_MARKER}{name}"
         if marker.exists():
             continue
-        for entry in _entries(dist):
+        for entry in _entries(name):
             _link_entry(Path(dist.locate_file("")), target, entry, wanted)
         _write_scripts(env, dist)
         marker.touch()
@@ -146,41 +146,44 @@ def install_project(env: Path, project: Path, name: str, version: str, scripts: 
         _write_script(env, script, target_ref)
 
 
-def _entries(dist: metadata.Distribution) -> list[PurePosixPath]:
-    """The distribution's installed paths relative to its site-packages (none outside it, no caches)."""
-    out = []
-    for file in dist.files or []:
-        path = PurePosixPath(str(file))
-        if path.parts and path.parts[0] != ".." and "__pycache__" not in path.parts:
-            out.append(path)
-    return out
+@cache
+def _entries(name: str) -> frozenset[tuple[str, ...]]:
+    """The distribution's installed paths relative to its site-packages, cut to their first two parts (what linking
+    needs; none outside site-packages, no caches). Read from RECORD as text: thousands of lines per package."""
+    record = installed()[name].read_text("RECORD") or ""
+    out = set()
+    for line in record.splitlines():
+        path = line.rsplit(",", 2)[0].strip('"')
+        parts = tuple(path.split("/")[:3])
+        if parts and parts[0] not in ("..", "") and "__pycache__" not in parts:
+            out.add(parts[:2] if len(parts) > 2 else parts)
+    return frozenset(out)
 
 
 @cache
-def _owners() -> dict[PurePosixPath, frozenset[str]]:
+def _owners() -> dict[tuple[str, ...], frozenset[str]]:
     """Every installed directory prefix (one and two levels deep) -> the distributions with files under it."""
-    owners: dict[PurePosixPath, set[str]] = {}
-    for name, dist in installed().items():
-        for path in _entries(dist):
+    owners: dict[tuple[str, ...], set[str]] = {}
+    for name in installed():
+        for parts in _entries(name):
             for depth in (1, 2):
-                if len(path.parts) > depth:
-                    owners.setdefault(PurePosixPath(*path.parts[:depth]), set()).add(name)
+                if len(parts) > depth or (depth == 1 and len(parts) == 2):
+                    owners.setdefault(parts[:depth], set()).add(name)
     return {k: frozenset(v) for k, v in owners.items()}
 
 
-def _link_entry(source_root: Path, target: Path, entry: PurePosixPath, wanted: set[str]) -> None:
+def _link_entry(source_root: Path, target: Path, entry: tuple[str, ...], wanted: set[str]) -> None:
     """Link the top of `entry` unless another (unwanted) distribution shares it; then go one level deeper."""
-    for depth in range(1, len(entry.parts) + 1):
-        prefix = PurePosixPath(*entry.parts[:depth])
+    for depth in range(1, len(entry) + 1):
+        prefix = entry[:depth]
         owners = _owners().get(prefix)
-        shared = owners is not None and not owners <= wanted and depth < len(entry.parts)
-        if shared and depth < 2:
-            (target / prefix).mkdir(parents=True, exist_ok=True)
+        if owners is not None and not owners <= wanted and depth < len(entry):
+            (target.joinpath(*prefix)).mkdir(parents=True, exist_ok=True)
             continue
-        destination = target / prefix
+        destination = target.joinpath(*prefix)
         if not destination.exists() and not destination.is_symlink():
             destination.parent.mkdir(parents=True, exist_ok=True)
-            destination.symlink_to(source_root / prefix)
+            destination.symlink_to(source_root.joinpath(*prefix))
         return
 
 
