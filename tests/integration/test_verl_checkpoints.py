@@ -115,7 +115,7 @@ def test_last_step_is_committed_before_on_save_returns(settings):
 def test_missing_rank_shards_are_refused_not_committed(settings):
     callback = _callback(settings)
     step_dir = write_step(settings.checkpoint_dir, 1, world=2, ranks=[0])  # rank 1 wrote to another node's disk
-    with pytest.raises(ConfigError, match=r"ranks \[1\].*store mount every node shares"):
+    with pytest.raises(ConfigError, match=r"ranks \[1\].*upload every node.s checkpoint dir to the store"):
         callback.on_save(trainer=None, global_step=1, checkpoint_dir=str(step_dir))
     callback.close()
     assert _store_checkpoints(settings).latest_complete("r1") is None

@@ -74,7 +74,7 @@ def test_keeps_main_ppos_data_reward_checkpoint_and_resume_settings():
     changed = {k for k in main_ppo if main_ppo[k] != o.get(k)}
     assert changed == {"data.train_batch_size"}  # one sync per step: verl's step count and save_freq are ours
     one_kept = _as_dict(fully_async_overrides(_cfg("storage.keep_last=1"), FILES, paths, "r1", env={}))
-    assert one_kept["trainer.max_actor_ckpt_to_keep"] == "2"  # infra.nodes=1, but a 2-node Ray cluster: store mount
+    assert one_kept["trainer.max_actor_ckpt_to_keep"] == "2"  # infra.nodes=1, but a 2-node Ray cluster: synced checkpoints
 
 
 def test_user_extra_overrides_come_last():

@@ -18,7 +18,7 @@ take a fraction of a second, so without the hold step N+1 (and an injected failu
 the controller has read step N's commit line, and the rehearsal would depend on the machine's load."""
 PREEMPT_HOLD_S = 30.0
 """Longest the stand-in holds after a preemption step (the controller fires at most 25 s after the step's line: a
-commit through a store mount waits for its write-back)."""
+multi-node commit waits for the nodes' checkpoint syncs to upload)."""
 ENV_FAIL_AT = "VERL_GRPO_REHEARSAL_FAIL_AT"
 """Passed through to the nodes: the CPU trainer stand-in fails by itself at this step."""
 ENV_ON_NODE = "VERL_GRPO_REHEARSAL"
