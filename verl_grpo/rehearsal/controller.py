@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
+from verl_grpo.providers.skypilot.checks import profile_with_keys
 from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
 from verl_grpo.rehearsal.node_env import ENV_BASE_ENV
 from verl_grpo.rehearsal.network import JobNetwork, listening_on_host, loopback_ports
@@ -268,15 +269,15 @@ class TaskRun:
         cloud = _pinned_cloud(self.task)
         if cloud in (None, "aws"):
             return lambda key: endpoint if key == "AWS_ENDPOINT_URL" else os.environ.get(key)
-        shared = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials")
-        parser = configparser.ConfigParser()
-        parser.read(shared)
-        profile = os.environ.get("AWS_PROFILE") or "default"
-        if not parser.has_option(profile, "aws_access_key_id"):
+        found = profile_with_keys(os.environ)
+        if found is None:
             raise MountWithoutCredentials(
                 f"file_mounts {dst} ({src}): SkyPilot authenticates it on {cloud} only with an uploaded "
-                f"~/.aws/credentials, and {shared} has no keys; AWS keys in the environment or the task's secrets are "
-                "never used for mounts (sky/clouds/aws.py): fetch it in the task with its secrets instead")
+                "~/.aws/credentials, and this machine's has no keys; AWS keys in the environment or the task's secrets "
+                "are never used for mounts (sky/clouds/aws.py): fetch it in the task with its secrets instead")
+        profile, shared = found
+        parser = configparser.ConfigParser()
+        parser.read(shared)
         values = {"AWS_ACCESS_KEY_ID": parser.get(profile, "aws_access_key_id"),
                   "AWS_SECRET_ACCESS_KEY": parser.get(profile, "aws_secret_access_key", fallback=None),
                   "AWS_SESSION_TOKEN": parser.get(profile, "aws_session_token", fallback=None),

@@ -83,14 +83,14 @@ def check_store_credentials(env: Mapping[str, str]) -> str:
     missing = [name for name in CREDENTIAL_VARS if not env.get(name)]
     if not missing:
         return "AWS credentials for the store are in the environment (passed to the tasks as SkyPilot secrets)"
-    profile = _profile_with_keys(env)
+    profile = profile_with_keys(env)
     found = (f"; profile {profile[0]!r} in {profile[1]} has keys, export them with `eval \"$(aws configure "
              f"export-credentials --profile {profile[0]} --format env)\"`" if profile else "")
     raise ConfigError(f"{' and '.join(missing)} not set: the tasks reach storage.uri only with the AWS credentials of "
                       f"this environment, passed as SkyPilot secrets{found}; export {' and '.join(missing)}")
 
 
-def _profile_with_keys(env: Mapping[str, str]) -> tuple[str, str] | None:
+def profile_with_keys(env: Mapping[str, str]) -> tuple[str, str] | None:
     """(profile, file) when the shared credentials file holds an access key for AWS_PROFILE (or `default`)."""
     path = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials").expanduser()
     profile = env.get("AWS_PROFILE") or "default"

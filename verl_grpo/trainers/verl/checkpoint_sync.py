@@ -70,8 +70,9 @@ class CheckpointSync:
             self.seen[rel] = (*stat, since)
             if flush or now - since >= WRITE_BACK_S:
                 due.append((rel, stat))
-        with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="ckpt-sync") as pool:
-            list(pool.map(self._upload, due))
+        if due:  # most scans find nothing to upload: no pool for them
+            with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="ckpt-sync") as pool:
+                list(pool.map(self._upload, due))
         return [rel for rel, _ in due]
 
     def _upload(self, item: tuple[str, tuple[int, int]]) -> None:
