@@ -103,7 +103,7 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
     yaml = task_yaml(
         name="train", num_nodes=2, workdir=str(workdir),
         resources={"accelerators": "H100:8"},
-        envs={"FOO": "bar", "AWS_ENDPOINT_URL": endpoint},
+        envs={"FOO": "bar", "AWS_ENDPOINT_URL": endpoint, "HOST_CHECKOUT": str(REPO)},
         secrets={"MY_TOKEN": None, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None},
         file_mounts={"/tmp/verl-grpo/local.txt": str(local), "/tmp/verl-grpo/obj.txt": f"{uri}/data/obj.txt"},
         setup="echo setup on $SKYPILOT_NODE_RANK",
@@ -114,6 +114,7 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
             echo "IPS=$(echo "$SKYPILOT_NODE_IPS" | wc -l) PYTHONPATH=${PYTHONPATH:-unset} PYTHON=$BARE"
             echo "LOCAL=$(cat /tmp/verl-grpo/local.txt) S3=$(cat /tmp/verl-grpo/obj.txt)"
             test ! -e ignored.txt && test -e untracked.txt && echo "SYNC=ok"
+            test ! -e "$HOST_CHECKOUT/pyproject.toml" && test ! -e "$HOST_CHECKOUT/tests" && echo "HOST=hidden"
             if [ "$SKYPILOT_NODE_RANK" = 0 ]; then python train.py 2; fi
             """))
     secrets = {"MY_TOKEN": "tok-123", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -127,6 +128,7 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
     assert "IPS=2 PYTHONPATH=unset PYTHON=bare" in lines, "a node's python has only what its setup installs"
     assert "LOCAL=from a local file S3=from the store" in lines
     assert lines.count("SYNC=ok") == 1 and "(train, rank=1) SYNC=ok" in lines
+    assert "HOST=hidden" in lines and "(train, rank=1) HOST=hidden" in lines, "no host file outside the workdir"
     assert "step:2 - x:2" in lines
     assert not (workdir / "verl-grpo").exists(), "/tmp/... of the YAML lands in the node's own tmp/"
     assert [e["exit_code"] for e in events(job_id, "node_run_exited")] == [0, 0]

@@ -101,11 +101,11 @@ class Node:
     def prefix(self) -> str:
         return "" if self.task.watch_steps and self.rank == 0 else f"({self.task.name}, rank={self.rank}) "
 
-    def start(self, env: dict[str, str], cwd: Path, run_setup: bool, keep: list[Path]) -> None:
+    def start(self, env: dict[str, str], cwd: Path, run_setup: bool, view: HostView) -> None:
         (self.state / "setup.sh").write_text(self.task.task.setup or "")
         (self.state / "run.sh").write_text(self.task.task.run or "")
         agent = self.state / "node.sh"
-        agent.write_text(_agent_script(self.state, self.root / "tmp", cwd, run_setup, keep))
+        agent.write_text(_agent_script(self.state, self.root / "tmp", cwd, run_setup, view))
         self.proc = subprocess.Popen(
             [*self.task.job.network.enter, "unshare", *NAMESPACE_FLAGS, "bash", str(agent)], env=env,
             cwd=str(self.root), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -230,7 +230,7 @@ class TaskRun:
         self.log.say(f"task {self.name}: attempt {self.attempt} on {num_nodes} node(s)")
         for node in self.nodes:
             cwd = node.root / "workdir" if self.task.workdir else node.root / "home"
-            node.start(self._env(node), cwd, run_setup=not self.exec_mode, keep=self.job.keep_paths)
+            node.start(self._env(node), cwd, run_setup=not self.exec_mode, view=self.job.host_view)
 
     def _prepare(self, node: Node) -> None:
         workdir = node.root / "workdir"
@@ -444,8 +444,8 @@ class JobController:
         """Whether the group's tasks resolve `<task>-<rank>.<group>`: only where SkyPilot gives job-group hostnames."""
         self.primaries_done = False
         self.termination_delay: dict[str, int] = {}
-        self.keep_paths = _paths_to_keep_under_tmp([Path(self.info["state_dir"]), PACKAGE_ROOT,
-                                                     Path(sys.executable).parent.parent])
+        self.host_view = HostView([Path(self.info["state_dir"]), PACKAGE_ROOT / "verl_grpo", Path(sys.prefix),
+                                   Path(sys.base_prefix)])
         self.network: JobNetwork | None = None
         """The job's own network namespace, which every node of every task joins (`network`)."""
 
@@ -653,15 +653,16 @@ def materialize_mount(src: str, dst: Path, env_value: Any) -> None:
         shutil.copy2(source, dst)
 
 
-def _agent_script(state: Path, node_tmp: Path, cwd: Path, run_setup: bool, keep: list[Path]) -> str:
+def _agent_script(state: Path, node_tmp: Path, cwd: Path, run_setup: bool, view: HostView) -> str:
     """The node's init (PID 1 of its namespaces): mounts, setup, wait for go, run, then stay up."""
     q = shlex.quote
     mounts = []
-    for path in keep:  # paths under the host's /tmp the node still needs (job dir, interpreter) stay visible
+    for path in view.keep_under_tmp:  # paths under the host's /tmp the node still needs stay visible
         inside = node_tmp / path.relative_to("/tmp")
         inside.mkdir(parents=True, exist_ok=True)
         mounts.append(f"mount --bind {q(str(path))} {q(str(inside))}")
     mounts += [f"mount --rbind {q(str(node_tmp))} /tmp", f"mount --bind {q(str(state / 'hosts'))} /etc/hosts"]
+    mounts += view.hide_commands(Path("/tmp") / ".rehearsal-keep")
     s = q(str(state))
     setup = f"bash {s}/setup.sh; rc=$?" if run_setup else "rc=0"
     return f"""#!/bin/bash
@@ -678,9 +679,46 @@ exec sleep infinity
 """
 
 
-def _paths_to_keep_under_tmp(paths: list[Path]) -> list[Path]:
-    inside = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp") and p.resolve() != Path("/tmp")})
-    return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+SYSTEM_DIRS = frozenset(("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
+                         "tmp", "usr", "var"))
+"""Top-level directories a real node has too (its OS); every other top-level directory of this machine (the checkout,
+shared data, home directories with their ~/.aws and ~/.sky, /opt, /work, ...) is hidden from a node."""
+
+
+def _outermost(paths: list[Path]) -> list[Path]:
+    unique = sorted(set(paths))
+    return [p for p in unique if not any(p != q and p.is_relative_to(q) for q in unique)]
+
+
+class HostView:
+    """What of this machine's files a node sees: the OS directories, its own /tmp and home, and only the paths the
+    rehearsal itself needs (its state dir with the nodes' roots, the interpreter its venvs are made from, and the
+    shims' code and packages, which the node's venv links to). Everything else is covered by an empty tmpfs, as a
+    fresh VM has none of this machine's files: a task that reads the checkout, shared data or ~/.aws fails here
+    as it would on the cloud."""
+
+    def __init__(self, keep: list[Path], root: Path = Path("/")):
+        tmp = root / "tmp"
+        resolved = _outermost([p.resolve() for p in keep if p.resolve() != tmp])
+        self.keep_under_tmp = [p for p in resolved if p.is_relative_to(tmp)]
+        self.hidden = sorted(entry for entry in root.iterdir() if entry.name not in SYSTEM_DIRS
+                             and entry.is_dir() and not entry.is_symlink())
+        self.keep_hidden = [p for p in resolved if any(p.is_relative_to(h) for h in self.hidden)]
+
+    def hide_commands(self, stage: Path) -> list[str]:
+        """Mount commands (after /tmp is the node's): park each kept path, cover the hidden directories, then put the
+        kept paths back where they were and drop the parking places."""
+        q = shlex.quote
+        parked = [stage / str(i) for i in range(len(self.keep_hidden))]
+        out = [f"mkdir -p {q(str(spot))} && mount --rbind {q(str(path))} {q(str(spot))}"
+               for path, spot in zip(self.keep_hidden, parked)]
+        out += [f"mount -t tmpfs -o mode=755 rehearsal-hidden {q(str(path))}" for path in self.hidden]
+        for path, spot in zip(self.keep_hidden, parked):
+            out.append(f"mkdir -p {q(str(path))} && mount --rbind {q(str(spot))} {q(str(path))} "
+                       f"&& umount -l {q(str(spot))}")
+        if parked:
+            out.append(f"rm -rf {q(str(stage))}")
+        return out
 
 
 class MountWithoutCredentials(RuntimeError):
