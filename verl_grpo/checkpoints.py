@@ -228,8 +228,9 @@ class CheckpointStore:
             log.warning("checkpoint step %d of run %s is missing files; skipped", step, run_id)
         return None
 
-    def restore(self, ref: CheckpointRef, local_dir: Path) -> dict[str, Any]:
-        """Download a committed checkpoint into local_dir and verify sizes and hashes; returns its manifest."""
+    def restore(self, ref: CheckpointRef, local_dir: Path, only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """Download a committed checkpoint into local_dir and verify sizes and hashes; returns its manifest. With
+        `only`, just the manifest's files whose path it accepts (the files already here and intact are kept)."""
         manifest = self.manifest(ref.run_id, ref.step)
         if manifest is None:
             raise InfraError(f"checkpoint {ref.uri} has no committed manifest; it cannot be restored")
@@ -237,6 +238,8 @@ class CheckpointStore:
         local_dir.mkdir(parents=True, exist_ok=True)
         base = checkpoint_dir(ref.run_id, ref.step)
         for entry in manifest["files"]:
+            if only is not None and not only(entry["path"]):
+                continue
             dest = local_dir / entry["path"]
             dest.parent.mkdir(parents=True, exist_ok=True)
             if not (dest.is_file() and dest.stat().st_size == entry["size"] and sha256_file(dest) == entry["sha256"]):

@@ -22,8 +22,9 @@ from verl_grpo.errors import InfraError
 from verl_grpo.layout import train_result
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl import checkpoint_sync, commit
+from verl_grpo.trainers.verl.finalize import finalize
 from verl_grpo.trainers.verl.restore import restore_latest
-from verl_grpo.trainers.verl.settings import StoreSettings, checkpoint_env, read_tracker
+from verl_grpo.trainers.verl.settings import StoreSettings, checkpoint_env, read_tracker, write_tracker
 
 RUN = "mn-1"
 
@@ -48,11 +49,6 @@ def write_rank(node: Path, step: int, rank: int, world: int = 2) -> None:
     if rank == 0:
         (actor / "fsdp_config.json").write_text(json.dumps({"world_size": world}))
         (node / f"global_step_{step}" / "data.pt").write_bytes(b"dataloader")
-
-
-def settings(uri: str, endpoint: str, head: Path) -> StoreSettings:
-    return StoreSettings(uri=uri, endpoint_url=endpoint, run_id=RUN, checkpoint_dir=head, keep_last=2,
-                         mount=f"{uri}/runs/{RUN}/checkpoints")
 
 
 def settings(uri: str, endpoint: str, node: Path) -> StoreSettings:
@@ -126,3 +122,21 @@ def test_two_nodes_commit_through_their_syncs_and_a_torn_step_is_never_used(s3_b
     finally:
         worker_sync.kill()
     assert worker_sync.returncode == 0 and f"run {RUN} finished" in out
+
+    # The head's finalize merges the final step: verl's merger reads every rank's model shard from one dir, and the
+    # head's disk holds only its own ranks; it fetches the others' model shards (not their optimizer) from the store.
+    write_tracker(head_dir, 2)
+    seen: list[str] = []
+
+    def merger(cmd, **_):
+        seen.extend(sorted(p.name for p in (head_dir / "global_step_2/actor").iterdir()))
+        target = Path(cmd[cmd.index("--target_dir") + 1])
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    result = finalize(settings(uri, endpoint, head_dir), backend="fsdp2", checkpoints=checkpoints, run=merger)
+    assert result.final_step == 2
+    assert {"model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt", "fsdp_config.json"} <= set(seen)
+    assert "optim_world_size_2_rank_1.pt" not in seen and "extra_state_world_size_2_rank_1.pt" not in seen
+    assert (head_dir / "global_step_2/actor/model_world_size_2_rank_1.pt").read_bytes() == worker_shard

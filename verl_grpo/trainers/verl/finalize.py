@@ -36,8 +36,14 @@ def finalize(settings: StoreSettings, backend: str = "fsdp", train_batch_size: i
     ref = checkpoints.latest_complete(settings.run_id)
     if ref is None or ref.step < final_step:
         ref = commit_now(settings, final_step, train_batch_size, checkpoints)
-    merged = merge_actor(settings.checkpoint_dir / step_dir_name(final_step) / "actor",
-                         settings.checkpoint_dir.parent / f"{settings.checkpoint_dir.name}-model", backend, run)
+    step_dir = settings.checkpoint_dir / step_dir_name(final_step)
+    if settings.mount:
+        # Each node's ranks saved their shards on that node's own disk; only the store holds them all (the nodes'
+        # checkpoint syncs uploaded them, the commit checked). verl's merger reads every rank's model shard from one
+        # dir, so the head fetches those it lacks; optimizer and RNG shards are not merged and stay in the store.
+        checkpoints.restore(ref, step_dir, only=merger_input)
+    merged = merge_actor(step_dir / "actor", settings.checkpoint_dir.parent / f"{settings.checkpoint_dir.name}-model",
+                         backend, run)
     store.rm(model_dir(settings.run_id))
     model_uri = store.put_dir(merged, model_dir(settings.run_id))
     records = merged_metrics(settings)
@@ -48,6 +54,14 @@ def finalize(settings: StoreSettings, backend: str = "fsdp", train_batch_size: i
     store.write_text(result.model_dump_json(indent=1), train_result(settings.run_id))
     print(f"training done: step {final_step}, model at {model_uri}", flush=True)
     return result
+
+
+def merger_input(path: str) -> bool:
+    """Whether verl's model merger reads this file of a step dir: the actor's model shards of every rank, its
+    fsdp_config.json (world size) and huggingface/ (config, tokenizer); verl/model_merger/fsdp_model_merger.py."""
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith("actor/") and (name.startswith("model_world_size_") or name == "fsdp_config.json"
+                                          or path.startswith("actor/huggingface/"))
 
 
 def main(argv: list[str] | None = None) -> int:
