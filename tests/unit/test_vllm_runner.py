@@ -150,7 +150,7 @@ def test_spec_to_report_generates_with_vllm_and_scores_like_the_cpu_path(fake_vl
 
     (llm,) = FakeLLM.instances
     tok = llm.tokenizer
-    assert llm.kwargs == {"model": str(Path(model_uri.removeprefix("file://"))), "dtype": "float32",
+    assert llm.kwargs == {"model": str(Path(model_uri.removeprefix("file://"))), "dtype": "bfloat16",
                           "tensor_parallel_size": 2, "gpu_memory_utilization": 0.9, "seed": 3}
     (greedy_prompts, greedy_params), (sampled_prompts, sampled_params) = llm.calls
     table = pd.read_parquet(report.table_uri.removeprefix("file://"))
@@ -184,6 +184,21 @@ def test_without_vllm_installed_the_generator_names_the_fix(monkeypatch, tiny_mo
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ConfigError, match="vllm is not installed"):
         vllm_runner.VLLMGenerator(tiny_model_dir)
+
+
+def test_a_model_without_a_chat_template_is_refused_before_the_engine_starts(fake_vllm, tiny_model_dir, tmp_path):
+    import shutil
+
+    bare = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, bare)
+    for name in ("tokenizer_config.json",):
+        config = json.loads((bare / name).read_text())
+        config.pop("chat_template", None)
+        (bare / name).write_text(json.dumps(config))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ConfigError, match="no chat template"):
+        vllm_runner.VLLMGenerator(bare)
+    assert FakeLLM.instances == [], "no vLLM engine was built for a model it cannot evaluate"
 
 
 def test_missing_or_foreign_spec_exits_with_the_user_error_code(tmp_path, capsys):

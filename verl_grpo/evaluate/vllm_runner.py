@@ -42,6 +42,10 @@ from verl_grpo.trainers.protocol import run_entry
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 
 GPU_MEMORY_UTILIZATION = 0.9
+GPU_DTYPE = "bfloat16"
+"""vLLM's dtype on GPUs, whatever `model.dtype` (the CPU path's, float32 by default) says: verl trains and rolls out
+in bf16 and its model merger writes bf16 weights, and vLLM's FlashAttention backend does not take float32 (it would
+fall back to a slower backend with twice the weight and KV-cache memory)."""
 """The eval task has its GPUs to itself, so nearly all their memory (vLLM 0.24 defaults to 0.92); verl's rollouts share
 theirs with training, hence verl.gpu_memory_utilization=0.6."""
 _FAILED_FINISH = {"abort", "error"}
@@ -114,18 +118,21 @@ class VLLMGenerator:
     no extra special tokens), so both backends see the same prompts.
     """
 
-    def __init__(self, model_dir: Path, dtype: str = "float32", tensor_parallel_size: int = 1,
+    def __init__(self, model_dir: Path, dtype: str = GPU_DTYPE, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, seed: int = 0):
         try:
             import vllm
         except ImportError as e:
             raise ConfigError("vllm is not installed here; the eval task's setup installs it (the GPU eval runs "
                               "on the skypilot provider), or use infra.provider=local for the CPU evaluator") from e
+        from transformers import AutoTokenizer
+
+        # Before the engine: a model without a chat template must not first pay vLLM's load, compile and CUDA graphs.
+        check_chat_template(AutoTokenizer.from_pretrained(str(model_dir)), model_dir)
         self._vllm = vllm
         self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                             gpu_memory_utilization=gpu_memory_utilization, seed=seed)
         self.tokenizer = self.llm.get_tokenizer()
-        check_chat_template(self.tokenizer, model_dir)
 
     def render_prompts(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
         return render_prompts(self.tokenizer, conversations)
@@ -180,7 +187,7 @@ def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:
         print("rehearsal: vLLM stood in by transformers generate on the CPU (same prompts, scoring and report)",
               flush=True)
         return HFGenerator(model_dir, cfg.model.dtype, threads=cfg.eval.threads)
-    return VLLMGenerator(model_dir, cfg.model.dtype, spec.tensor_parallel_size, spec.gpu_memory_utilization,
+    return VLLMGenerator(model_dir, GPU_DTYPE, spec.tensor_parallel_size, spec.gpu_memory_utilization,
                          seed=cfg.eval.seed)
 
 
