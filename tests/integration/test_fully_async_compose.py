@@ -54,6 +54,9 @@ def test_overrides_compose_with_verls_fully_async_config_and_pass_its_checks():
     assert config.algorithm.rollout_correction.bypass_mode is True
     assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl"
     assert config.trainer.resume_mode == "auto" and config.trainer.default_local_dir == "/w/ckpt"
+    # the rollout nodes' GPUs train nothing: vLLM takes more of them than the colocated trainer GPUs' share
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.standalone_gpu_memory_utilization > rollout.gpu_memory_utilization
 
 
 def test_misspelled_async_key_fails_with_hydras_message():

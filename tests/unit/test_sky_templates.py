@@ -217,7 +217,8 @@ def _launch_with_env(shape: str, changes: dict[str, str], *extra: str) -> subpro
     trainer = list(yaml.safe_load_all(_render(shape, {}, *extra).yaml))[-1]
     lines = trainer["run"].splitlines()
     start = next(i for i, line in enumerate(lines) if "knob() {" in line) - 1
-    end = next(i for i, line in enumerate(lines) if "python -m verl.trainer.main_ppo" in line)
+    end = next(i for i, line in enumerate(lines)
+               if "python -m verl.trainer.main_ppo" in line or "python -m verl_grpo.trainers.verl.fully_async_entry" in line)
     script = "\n".join(["set -euo pipefail", "python() { printf '%s\\n' \"$@\"; }", *lines[start:end + 1]])
     env = {"PATH": os.environ["PATH"], **{k: str(v) for k, v in trainer["envs"].items()}, **changes}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
@@ -266,6 +267,14 @@ def test_a_train_batch_below_the_mini_batch_count_at_launch_trains_in_mini_batch
     assert args["data.train_batch_size"] == "2" and args["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"
 
 
+def test_a_fully_async_train_batch_of_whole_mini_batches_at_launch_sets_its_step():
+    result = _launch_with_env("rollout_group", {"TRAIN_BATCH_SIZE": "32"})
+    assert result.returncode == 0, result.stderr
+    args = dict(arg.partition("=")[::2] for arg in result.stdout.splitlines()[2:])
+    mini, batches = int(args["actor_rollout_ref.actor.ppo_mini_batch_size"]), int(args["async_training.require_batches"])
+    assert mini * batches == 32, "a step trains on exactly TRAIN_BATCH_SIZE prompts"
+
+
 def test_use_retrieval_at_launch_turns_the_search_tool_off():
     on = _main_ppo_args("job_group", {})
     assert on["actor_rollout_ref.rollout.multi_turn.enable"] == "True"
@@ -280,6 +289,7 @@ def test_use_retrieval_at_launch_turns_the_search_tool_off():
     ("multinode", {"DATASET": "math"}, "DATASET=math: this task trains the prepared gsm8k data"),
     ("multinode", {"USE_RETRIEVAL": "true"}, "this task runs no retrieval-server"),
     ("job_group", {"USE_RETRIEVAL": "perhaps"}, "USE_RETRIEVAL=perhaps is not true/false"),
+    ("rollout_group", {"TRAIN_BATCH_SIZE": "10"}, "TRAIN_BATCH_SIZE=10 is not a multiple of 4"),
 ])
 def test_conflicting_env_knobs_at_launch_fail_before_main_ppo(shape, changes, says):
     result = _launch_with_env(shape, changes)

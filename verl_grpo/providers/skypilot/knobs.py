@@ -58,13 +58,15 @@ class KnobTask:
 
 def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
               derived: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None,
-              literal: Sequence[str] = ()) -> KnobTask:
+              literal: Sequence[str] = (), whole_mini_batches: bool = False) -> KnobTask:
     """`command` (python -m verl.trainer.main_ppo OVERRIDES...) with each knob-driven override reading its env var,
     in place; TOTAL_EPOCHS (when given) and the retrieval overrides go just before the user's extra_overrides.
 
     `derived` maps override keys to shell arithmetic over the knobs (`TOTAL_STEPS * TRAIN_BATCH_SIZE`), rendered as
     `key="$((…))"`; `defaults` seeds knob defaults that no override carries as a plain value; `literal` keys are
-    rendered as they are (verl's fully-async trainer: data.train_batch_size=0, see `fully_async.knob_expressions`)."""
+    rendered as they are (verl's fully-async trainer: data.train_batch_size=0, see `fully_async.knob_expressions`).
+    With `whole_mini_batches` (verl's fully-async trainer, whose step is require_batches whole mini-batches) a
+    TRAIN_BATCH_SIZE that is not a whole number of them fails the run in one line instead of training other steps."""
     derived = derived or {}
     envs: dict[str, str] = {"DATASET": cfg.dataset.name, **(defaults or {})}
     extras = len(cfg.verl.extra_overrides)
@@ -99,10 +101,22 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
     order = [*ENV_KNOBS, "USE_RETRIEVAL"]
     return KnobTask(
         envs={k: envs[k] for k in sorted(envs, key=order.index)},
-        prelude=_prelude(envs, retrieval if retrieval_available else None),
+        prelude=_prelude(envs, retrieval if retrieval_available else None)
+        + (_whole_mini_batches(cfg) if whole_mini_batches else []),
         train_command=" ".join([*args, *optional, "$RETRIEVAL_OVERRIDES", *map(shlex.quote, tail)]),
         train_batch='"$TRAIN_BATCH_SIZE"',
     )
+
+
+def _whole_mini_batches(cfg: RunConfig) -> list[str]:
+    mini = cfg.verl.ppo_mini_batch_size
+    multiple = mini or mini_batch_count(cfg.algorithm.train_batch_size, cfg.verl.ppo_mini_batches)
+    if multiple == 1:
+        return []
+    what = f"verl.ppo_mini_batch_size={mini}" if mini else f"{multiple} mini-batches a step"
+    return [f'[ "$((TRAIN_BATCH_SIZE % {multiple}))" = 0 ] || {{ echo "env var TRAIN_BATCH_SIZE=$TRAIN_BATCH_SIZE is '
+            f"not a multiple of {multiple}: verl's fully-async trainer takes whole mini-batches ({what}), so each "
+            f'step would train on another number of prompts; use a multiple of {multiple}" >&2; exit 1; }}']
 
 
 def _prelude(envs: dict[str, str], retrieval: list[str] | None) -> list[str]:

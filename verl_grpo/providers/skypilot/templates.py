@@ -347,7 +347,7 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
     knobs = knob_task(cfg, spec.command, retrieval_available="retrieval" in cfg.services.enabled,
                       derived=knob_expressions(cfg) if fully_async else None,
                       defaults=knob_defaults(cfg) if fully_async else None,
-                      literal=LITERAL_KNOB_KEYS if fully_async else ())
+                      literal=LITERAL_KNOB_KEYS if fully_async else (), whole_mini_batches=fully_async)
     finalize = finalize_command(cfg)
     at = finalize.index("--train-batch-size") + 1
     step_prompts = prompts_per_checkpoint_step(cfg) if fully_async else knobs.train_batch

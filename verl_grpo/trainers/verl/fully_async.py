@@ -33,6 +33,12 @@ REPLACED_KEYS = ("data.train_batch_size", "trainer.total_training_steps", "train
 """main_ppo overrides whose value means something else on the fully-async trainer (set again below)."""
 
 
+STANDALONE_GPU_MEMORY_UTILIZATION = 0.85
+"""vLLM's memory share on the rollout nodes' GPUs, which train nothing: verl's fully-async config falls back to the
+colocated `gpu_memory_utilization` (0.6, shared with FSDP on the trainer's GPUs) unless this is set, leaving ~40% of
+each rollout GPU unused; 0.85 is the value its own comment suggests (fully_async_rollouter.py)."""
+
+
 def fully_async_overrides(
     cfg: RunConfig,
     data_files: Mapping[str, str],
@@ -67,6 +73,7 @@ def fully_async_overrides(
         f"async_training.staleness_threshold={at.staleness_threshold}",
         f"async_training.trigger_parameter_sync_step={sync}",
         f"async_training.partial_rollout={at.partial_rollout}",
+        f"actor_rollout_ref.rollout.standalone_gpu_memory_utilization={STANDALONE_GPU_MEMORY_UTILIZATION}",
         f"rollout.nnodes={cfg.skypilot.rollout_nodes}",
         f"rollout.n_gpus_per_node={gpus_per_node(cfg)}",
         f"rollout.total_rollout_steps={a.total_steps * a.train_batch_size}",
