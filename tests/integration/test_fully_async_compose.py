@@ -108,7 +108,8 @@ def test_entry_commits_each_saved_version_through_the_store_callback(tmp_path, m
         "trainer": {"default_local_dir": str(ckpt), "checkpoint_callback_class": CALLBACK_CLASS,
                     "total_training_steps": 2},
         "data": {"train_batch_size": 0},
-        "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}}},
+        "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}, "ppo_mini_batch_size": 4}},
+        "async_training": {"require_batches": 2, "trigger_parameter_sync_step": 3},
     })
     for version in (1, 2):
         trainer.current_param_version = version
@@ -116,7 +117,9 @@ def test_entry_commits_each_saved_version_through_the_store_callback(tmp_path, m
     checkpoints = CheckpointStore(Store(f"file://{tmp_path / 'store'}"))
     ref = checkpoints.latest_complete("r1")
     assert ref is not None and ref.step == 2
-    assert checkpoints.manifest("r1", 2)["state"]["dataloader_batches_yielded"] == 7
+    state = checkpoints.manifest("r1", 2)["state"]
+    assert state["dataloader_batches_yielded"] == 7
+    assert state["prompts_consumed"] == 2 * 4 * 2 * 3, "one weight sync's prompts a saved version (data.train_batch_size is 0)"
 
 
 def test_entry_task_runner_creates_the_committing_trainer(monkeypatch):

@@ -46,7 +46,7 @@ class StoreCheckpointCallback:
             if _select(config, "actor_rollout_ref.actor.checkpoint.async_save"):
                 raise ConfigError("actor_rollout_ref.actor.checkpoint.async_save=True leaves checkpoints unfinished "
                                   "when verl calls on_save; set it to False to commit checkpoints to the store")
-        self.train_batch_size = _select(config, "data.train_batch_size") if config is not None else None
+        self.train_batch_size = prompts_per_step(config) if config is not None else None
         self.checkpoints = checkpoints or CheckpointStore(self.settings.store())
         self.saver = BackgroundSaver(self.checkpoints, on_committed=after_commit(self.checkpoints, self.settings),
                                      commit=self._commit_mounted if self.settings.mount else None)
@@ -78,6 +78,18 @@ class StoreCheckpointCallback:
     def close(self) -> CheckpointRef | None:
         """Wait for the in-flight upload (if any); re-raises its error."""
         return self.saver.close()
+
+
+def prompts_per_step(config: Any) -> int | None:
+    """Prompts one saved step consumed: data.train_batch_size, or on verl's fully-async trainer (whose
+    data.train_batch_size is 0) one weight sync's worth: mini-batch × require_batches × trigger_parameter_sync_step."""
+    batch = _select(config, "data.train_batch_size")
+    if batch:
+        return int(batch)
+    parts = [_select(config, key) for key in ("actor_rollout_ref.actor.ppo_mini_batch_size",
+                                                "async_training.require_batches",
+                                                "async_training.trigger_parameter_sync_step")]
+    return parts[0] * parts[1] * parts[2] if all(isinstance(p, int) and p > 0 for p in parts) else None
 
 
 def _select(config: Any, dotted: str) -> Any:
