@@ -112,17 +112,6 @@ def test_two_nodes_commit_through_their_syncs_and_a_torn_step_is_never_used(s3_b
     assert "uploaded global_step_6/late.pt" in out and "global_step_2" not in out  # restored: already stored
     assert checkpoints.listing(RUN, 6) == {"late.pt": len(b"written just before the node is stopped")}
 
-    # A worker node's foreground sync ends by itself once the head's finalize has written the run's result.
-    worker_sync = start_sync(uri, endpoint, new_worker, "--until-finished")
-    try:
-        time.sleep(2 * checkpoint_sync.SCAN_S)
-        assert worker_sync.poll() is None
-        checkpoints.store.write_text("{}", train_result(RUN))
-        out, _ = worker_sync.communicate(timeout=60)
-    finally:
-        worker_sync.kill()
-    assert worker_sync.returncode == 0 and f"run {RUN} finished" in out
-
     # The head's finalize merges the final step: verl's merger reads every rank's model shard from one dir, and the
     # head's disk holds only its own ranks; it fetches the others' model shards (not their optimizer) from the store.
     write_tracker(head_dir, 2)
@@ -140,3 +129,21 @@ def test_two_nodes_commit_through_their_syncs_and_a_torn_step_is_never_used(s3_b
     assert {"model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt", "fsdp_config.json"} <= set(seen)
     assert "optim_world_size_2_rank_1.pt" not in seen and "extra_state_world_size_2_rank_1.pt" not in seen
     assert (head_dir / "global_step_2/actor/model_world_size_2_rank_1.pt").read_bytes() == worker_shard
+    checkpoints.store.rm(train_result(RUN))  # the run goes on below
+
+    # A worker node's foreground sync ends by itself once the head's finalize has written the run's result. Once a
+    # newer step is committed (6 here) it deletes the uploaded older ones from its disk: verl deletes old steps only
+    # on global rank 0, so a worker node would keep every step's shards.
+    checkpoints.commit_in_place(RUN, 6, {"global_step": 6})
+    worker_sync = start_sync(uri, endpoint, new_worker, "--until-finished")
+    try:
+        time.sleep(2 * checkpoint_sync.SCAN_S)
+        assert worker_sync.poll() is None
+        checkpoints.store.write_text("{}", train_result(RUN))
+        out, _ = worker_sync.communicate(timeout=60)
+    finally:
+        worker_sync.kill()
+    assert worker_sync.returncode == 0 and f"run {RUN} finished" in out
+    assert "step 6 is committed; removed global_step_2 from this node's disk" in out
+    assert not (new_worker / "global_step_2").exists() and (new_worker / "global_step_6/late.pt").exists()
+    assert checkpoints.listing(RUN, 2), "only the node's copy goes; the store keeps the step"

@@ -14,7 +14,8 @@ On the head it runs in the background of the task's run (its output in `checkpoi
 the run itself lasts until finalize. A worker node's run would end once it joined Ray, and SkyPilot kills what a
 node's run leaves behind when it exits (sky/skylet/subprocess_daemon.py), so there it runs in the foreground with
 `--until-finished`: it ends, after a last upload, once the head has written the run's train_result.json (finalize
-writes it after committing the final step, which waited for every node's uploads). SIGTERM uploads what is pending
+writes it after committing the final step, which waited for every node's uploads). There it also deletes uploaded
+steps older than the latest committed one, which verl deletes only on the head. SIGTERM uploads what is pending
 first. One process per checkpoint dir (a pid file).
 """
 
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.layout import checkpoints_dir, train_result
 from verl_grpo.trainers.protocol import STEP_PREFIX
 from verl_grpo.trainers.verl.settings import StoreSettings
@@ -35,6 +38,8 @@ from verl_grpo.trainers.verl.settings import StoreSettings
 WRITE_BACK_S = 2.0
 """How long a file must be left unchanged before it is uploaded."""
 SCAN_S = 1.0
+PRUNE_S = 30.0
+"""How often a worker node's sync asks the store for its latest committed step, to delete older local steps."""
 UPLOAD_THREADS = 4
 PID_FILE = "checkpoint-sync.pid"
 
@@ -74,6 +79,25 @@ class CheckpointSync:
             with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="ckpt-sync") as pool:
                 list(pool.map(self._upload, due))
         return [rel for rel, _ in due]
+
+    def prune_committed(self, committed_step: int) -> list[str]:
+        """Delete this node's step dirs older than the store's latest committed step once every file of theirs is
+        uploaded; returns their names. verl deletes old checkpoints only on global rank 0 (its checkpoint manager's
+        ensure_checkpoint_capacity), so without this a worker node keeps every step's shards until its disk fills;
+        a relaunch restores from the store, never from these."""
+        local = self._local()
+        removed = []
+        for step_dir in sorted(self.settings.checkpoint_dir.glob(f"{STEP_PREFIX}*")):
+            step = step_dir.name[len(STEP_PREFIX):]
+            if not step.isdigit() or int(step) >= committed_step:
+                continue
+            files = {rel: stat for rel, stat in local.items() if rel.startswith(f"{step_dir.name}/")}
+            if all(self.synced.get(rel) == stat for rel, stat in files.items()):
+                shutil.rmtree(step_dir, ignore_errors=True)
+                for rel in files:
+                    self.synced.pop(rel, None)
+                removed.append(step_dir.name)
+        return removed
 
     def _upload(self, item: tuple[str, tuple[int, int]]) -> None:
         rel, stat = item
@@ -121,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checkpoint sync: {settings.checkpoint_dir} -> {sync.store.url(sync.base)} (every {SCAN_S:.0f} s, "
           f"{len(sync.synced)} file(s) already in the store)", flush=True)
     finished = train_result(settings.run_id)
+    checkpoints, pruned_at = CheckpointStore(sync.store), None
     while True:
+        if args.until_finished and (pruned_at is None or time.monotonic() - pruned_at >= PRUNE_S):
+            pruned_at = time.monotonic()
+            _prune(sync, checkpoints)
         flush = bool(stopping) or (args.until_finished and _exists(sync.store, finished))
         try:
             uploaded = sync.scan(time.monotonic(), flush=flush)
@@ -135,6 +163,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"checkpoint sync: run {settings.run_id} finished ({finished} is in the store)", flush=True)
             return 0
         time.sleep(SCAN_S)
+
+
+def _prune(sync: CheckpointSync, checkpoints: CheckpointStore) -> None:
+    run_id = sync.settings.run_id
+    try:  # the newest step with a manifest: the head's commit checked its files before writing it
+        latest = next((s for s in reversed(checkpoints.steps(run_id)) if checkpoints.manifest(run_id, s)), None)
+    except Exception:  # the store is away for a moment: prune at the next round
+        return
+    if latest is not None and (removed := sync.prune_committed(latest)):
+        print(f"checkpoint sync: step {latest} is committed; removed {', '.join(removed)} from this node's disk",
+              flush=True)
 
 
 def _exists(store, path: str) -> bool:
