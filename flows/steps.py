@@ -4,6 +4,7 @@ evals running concurrently on the run's task runner."""
 from __future__ import annotations
 
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_UI_URL
 
 from flows.task_runners import task_runner
 from tasks.evaluate import submit_eval
@@ -48,6 +49,7 @@ def tracking_tags(run: ResolvedRun) -> dict[str, str]:
     its run with the run id as name (flows.verl_grpo.label_flow_run)."""
     return {
         "prefect.flow_run_id": str(flow_run.id or ""),
-        "prefect.flow_run_url": str(flow_run.ui_url or ""),
+        # Prefect's ui_url reads "None/flow-runs/..." where no UI serves the run (an ephemeral API, as `make run`'s)
+        "prefect.flow_run_url": str(flow_run.ui_url or "") if PREFECT_UI_URL.value() else "",
         "prefect.flow_run_name": run.run_id if flow_run.id else "",
     }

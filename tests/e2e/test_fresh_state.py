@@ -7,6 +7,7 @@ as `make run` does on a fresh clone; the failure cases must end in one line, the
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,10 @@ def test_first_run_creates_the_state_dir_and_finishes(first_cli_run):
     assert (home / "prefect" / "prefect.db").is_file()  # the ephemeral API's database, in the new state dir
     assert (home / "mlflow.db").is_file()
     assert not (first_cli_run.home / ".prefect").exists()
+    # No Prefect UI serves an ephemeral API's runs: the MLflow run links none (Prefect's ui_url reads "None/...")
+    with sqlite3.connect(home / "mlflow.db") as db:
+        tags = dict(db.execute("SELECT key, value FROM tags WHERE key LIKE 'prefect.%'").fetchall())
+    assert tags.get("prefect.flow_run_id") and tags.get("prefect.flow_run_url") == "", tags
 
 
 def test_state_dir_that_cannot_be_made_is_one_line(tmp_path):

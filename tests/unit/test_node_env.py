@@ -8,6 +8,7 @@ import sys
 
 from packaging.requirements import Requirement
 
+from verl_grpo.dependency_closure import resolve
 from verl_grpo.rehearsal import node_env
 from verl_grpo.rehearsal.shims import GPU_EXTRAS, GPU_ONLY, write_shims
 from verl_grpo.rehearsal.sky_boundary import PACKAGE_ROOT
@@ -28,7 +29,7 @@ def _imports(env, code: str) -> subprocess.CompletedProcess:
 def test_a_node_env_imports_what_was_linked_and_nothing_else(tmp_path):
     env = _env(tmp_path)
     assert "No module named 'tenacity'" in _imports(env, "import tenacity").stderr  # bare: not our venv
-    plan = node_env.resolve([Requirement("tenacity"), Requirement("protobuf"), Requirement("tqdm")],
+    plan = resolve([Requirement("tenacity"), Requirement("protobuf"), Requirement("tqdm")],
                             GPU_ONLY, GPU_EXTRAS)
     assert set(plan.dists) == {"tenacity", "protobuf", "tqdm"} and not plan.unavailable
     assert node_env.link(env, plan.dists.values()) == 3
@@ -46,7 +47,7 @@ def test_a_node_env_imports_what_was_linked_and_nothing_else(tmp_path):
 
 
 def test_verl_with_its_gpu_extra_resolves_to_what_a_node_gets_with_each_substitution_named():
-    plan = node_env.resolve([Requirement("verl[vllm]==0.9.1")], GPU_ONLY, GPU_EXTRAS)
+    plan = resolve([Requirement("verl[vllm]==0.9.1")], GPU_ONLY, GPU_EXTRAS)
     assert {"verl", "torch", "transformers", "ray", "tensordict"} <= set(plan.dists)
     assert {"vllm", "verl[vllm]"} <= plan.stood_in
     assert plan.other_version["torch"][0] == "torch==2.11.0"  # the CUDA build verl[vllm] pins; this machine's CPU one

@@ -20,14 +20,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from verl_grpo.providers.skypilot.node_imports import KNOWN_REQUIRES
+from verl_grpo.dependency_closure import installed
 
 ENV_BASE_ENV = "VERL_GRPO_REHEARSAL_BASE_ENV"
 """On a node: the environment of its bare `python`/`pip` before any `uv venv` is activated (made when first used)."""
@@ -35,61 +33,6 @@ LINKED_MARKER = ".rehearsal-linked-"
 """A file per distribution linked into an env's site-packages (named after it)."""
 PYTHON_NAME = f"python{sys.version_info.major}.{sys.version_info.minor}"
 """The real interpreter inside each node venv (`python` and `python3` there are the rehearsal's shims)."""
-
-
-@dataclass
-class Resolution:
-    """What installing a set of requirements brings into a node's environment."""
-
-    dists: dict[str, metadata.Distribution] = field(default_factory=dict)
-    """Distributions to link, by canonical name."""
-    stood_in: set[str] = field(default_factory=set)
-    """GPU-only packages a real node installs and the rehearsal stands in for."""
-    unavailable: set[str] = field(default_factory=set)
-    """Dependencies a real node installs that are not installed on this machine (left out)."""
-    other_version: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """name -> (what a dependency asks for, this machine's version) where the node would get another version."""
-
-
-@cache
-def installed() -> dict[str, metadata.Distribution]:
-    """This machine's distributions (the interpreter running the rehearsal), by canonical name."""
-    found: dict[str, metadata.Distribution] = {}
-    for dist in metadata.distributions():
-        found.setdefault(canonicalize_name(dist.metadata["Name"]), dist)
-    return found
-
-
-def resolve(requirements: Iterable[Requirement], gpu_only: frozenset[str], gpu_extras: frozenset[str]) -> Resolution:
-    """The distributions installing `requirements` brings (transitively, markers with extras evaluated)."""
-    out = Resolution()
-    done: dict[str, set[str]] = {}
-    todo = list(requirements)
-    while todo:
-        req = todo.pop()
-        name = canonicalize_name(req.name)
-        if name in gpu_only:
-            out.stood_in.add(name)
-            todo += [Requirement(r) for r in KNOWN_REQUIRES.get(name, ())]
-            continue
-        dist = installed().get(name)
-        if dist is None:
-            out.unavailable.add(name)
-            continue
-        if req.specifier and not req.specifier.contains(dist.version, prereleases=True):
-            out.other_version.setdefault(name, (str(req), dist.version))
-        wanted = ({""} | set(req.extras)) - done.setdefault(name, set())
-        if not wanted:
-            continue
-        done[name] |= wanted
-        out.dists[name] = dist
-        out.stood_in |= {f"{name}[{e}]" for e in wanted & gpu_extras}
-        for line in dist.requires or []:
-            dep = Requirement(line)
-            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in wanted):
-                dep.marker = None
-                todo.append(dep)
-    return out
 
 
 def create_env(path: Path, shims: Path) -> None:

@@ -24,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from verl_grpo.dependency_closure import resolve
 from verl_grpo.pip_args import install_args
 from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE
 from verl_grpo.rehearsal import node_env
@@ -215,7 +216,7 @@ def _link_requirements(env: Path, specs: list[str]) -> None:
             requirements.append(req)
     if not requirements:
         return
-    plan = node_env.resolve(requirements, GPU_ONLY, GPU_EXTRAS)
+    plan = resolve(requirements, GPU_ONLY, GPU_EXTRAS)
     new = node_env.link(env, plan.dists.values())
     _say(f"linked {new} distribution(s) into {env} ({len(plan.dists)} with their dependencies)")
     if plan.stood_in:

@@ -6,7 +6,7 @@ imports are the closure of the verl_grpo modules the task runs (`python -m verl_
 imported (module and class level, not inside functions, not guarded by `except ImportError` or `TYPE_CHECKING`),
 so an entry that cannot even start is caught; a function's lazy import is the path-dependent part this leaves out. verl's own trackers add theirs (`trainer.logger=[...,mlflow]` makes verl import mlflow). The
 installed side is each requirement with its dependencies as this machine's package metadata lists them; a package
-not installed here counts as itself only (vLLM as its own requirements list it: KNOWN_REQUIRES).
+not installed here counts as itself only (vLLM as its own requirements list it: `dependency_closure`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from verl_grpo.dependency_closure import resolve
 from verl_grpo.errors import ConfigError
 from verl_grpo.pip_args import install_args
 
@@ -31,11 +32,6 @@ PACKAGE = "verl_grpo"
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 VERL_LOGGER_IMPORTS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard", "swanlab": "swanlab"}
 """verl's `Tracking` imports these for the named `trainer.logger` backends (verl/utils/tracking.py)."""
-KNOWN_REQUIRES = {
-    "vllm": ("torch", "transformers", "tokenizers", "huggingface-hub", "tqdm", "numpy", "pydantic", "requests"),
-}
-"""Requirements of GPU-only packages that cannot be installed here to read their metadata (vLLM's own
-requirements/common.txt and requirements/cuda.txt, which pins its torch)."""
 _ENTRY = re.compile(r"(?:python3?\s+-m\s+|pkg://)(verl_grpo(?:\.\w+)*)|=(verl_grpo(?:\.\w+)*)\.[A-Z]\w*")
 _LOGGERS = re.compile(r"trainer\.logger=\[([^\]]*)\]")
 
@@ -102,19 +98,25 @@ def setup_requirements(setup: str) -> list[str]:
 
 def provided_imports(requirements: Iterable[str]) -> set[str]:
     """Top-level import names the installed distributions (with their dependencies) provide, and verl_grpo's."""
-    dists = set()
-    for spec in requirements:
-        try:
-            req = Requirement(spec)
-        except InvalidRequirement:
-            continue
-        dists |= _with_dependencies(canonicalize_name(req.name), frozenset(req.extras))
+    dists = _distributions(tuple(sorted(set(requirements))))
     names = {PACKAGE}
     for top, owners in _import_owners().items():
         if any(canonicalize_name(o) in dists for o in owners):
             names.add(top)
     names |= {d.replace("-", "_") for d in dists}  # not installed here: its import name is most often its own
     return names
+
+
+@cache
+def _distributions(specs: tuple[str, ...]) -> frozenset[str]:
+    """Every distribution a node gets from installing these requirements (each task of a group has its setup)."""
+    reqs = []
+    for spec in specs:
+        try:
+            reqs.append(Requirement(spec))
+        except InvalidRequirement:
+            continue
+    return frozenset(resolve(reqs).names())
 
 
 def _requirement_words(words: list[str]) -> list[str]:
@@ -126,27 +128,6 @@ def _requirement_words(words: list[str]) -> list[str]:
 @cache
 def _import_owners() -> dict[str, list[str]]:
     return metadata.packages_distributions()
-
-
-@cache
-def _with_dependencies(name: str, extras: frozenset[str]) -> frozenset[str]:
-    """`name` and everything its metadata here requires for these extras, transitively."""
-    done: set[tuple[str, frozenset[str]]] = set()
-    todo = [(name, extras)]
-    while todo:
-        dist, wanted = todo.pop()
-        if (dist, wanted) in done:
-            continue
-        done.add((dist, wanted))
-        try:
-            requires = metadata.requires(dist) or []
-        except metadata.PackageNotFoundError:
-            requires = list(KNOWN_REQUIRES.get(dist, ()))
-        for line in requires:
-            req = Requirement(line)
-            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (wanted or {""})):
-                todo.append((canonicalize_name(req.name), frozenset(req.extras)))
-    return frozenset(dist for dist, _ in done)
 
 
 def _closure(entries: Iterable[str]) -> set[str]:
