@@ -65,7 +65,7 @@ def test_registered_under_its_own_name_a_tiny_run_is_champion_there_and_the_smol
     own = with_model(cfg, "tiny", registered_model="verl-grpo-gsm8k-tiny")
     version = register(own, store, dataset, *make_run(store, tiny_model_dir, "tiny", correct_first(38)))
 
-    assert (version.name, version.version, version.aliases) == ("verl-grpo-gsm8k-tiny", "1", ["challenger", "champion"])
+    assert (version.name, version.version, version.aliases) == ("verl-grpo-gsm8k-tiny", "1", ["champion"])
     assert _champion(cfg) == "1" and [r["version"] for r in list_models(cfg)] == [1]
 
 

@@ -54,7 +54,7 @@ def test_models_cli_and_charts(base_overrides, tiny_model_dir, tmp_path):
     args = [a for o in base_overrides for a in ("-o", o)]
     listed = CliRunner().invoke(main, ["models", "list", *args], catch_exceptions=False)
     assert listed.exit_code == 0
-    assert "challenger,champion" in listed.output and "delta vs base" in listed.output
+    assert " champion " in listed.output and "challenger" not in listed.output and "delta vs base" in listed.output
     assert "base model" in listed.output and "  tiny  " in listed.output and "eval metric" not in listed.output
     compared = CliRunner().invoke(main, ["models", "compare", cfg.registered_model_name, "champion", *args])
     assert compared.exit_code == 0 and "\n1 " in compared.output

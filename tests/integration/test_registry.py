@@ -36,7 +36,7 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
 
     version = register(cfg, store, dataset, train, report, base)
 
-    assert (version.name, version.version, version.aliases) == ("verl-grpo-gsm8k", "1", ["challenger", "champion"])
+    assert (version.name, version.version, version.aliases) == ("verl-grpo-gsm8k", "1", ["champion"])
     assert "first model" in version.decision
     client = MlflowClient(cfg.tracking.mlflow_uri)
     run = client.get_run(version.mlflow_run_id)
@@ -90,9 +90,9 @@ def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_mod
 
     decisions = {name: register(cfg, store, dataset, *runs[name]) for name in ("weak", "strong", "marginal", "worse")}
 
-    assert decisions["weak"].aliases == ["challenger", "champion"]
+    assert decisions["weak"].aliases == ["champion"], "a champion is not also the challenger"
     assert decisions["strong"].decision.startswith("promoted v2 over v1")  # 20 discordant pairs, all for v2
-    assert "champion" in decisions["strong"].aliases
+    assert decisions["strong"].aliases == ["champion"]  # promoted: no longer (and not also) the challenger
     assert decisions["marginal"].decision.startswith("kept champion v2") and "not significantly" in \
         decisions["marginal"].decision
     assert decisions["worse"].decision.startswith("kept champion v2") and "not better" in decisions["worse"].decision

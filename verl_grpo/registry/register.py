@@ -125,8 +125,11 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     version_tags = {key: run_tags[key] for key in VERSION_TAGS}
     version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
     decision = _promote(client, name, version, report, store, promotion_p_value, champion_report, grpo_line(changes))
-    if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion
-        client.set_registered_model_alias(name, CHALLENGER, version.version)
+    if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion, never the champion
+        if CHAMPION in client.get_model_version(name, version.version).aliases:
+            client.delete_registered_model_alias(name, CHALLENGER)  # none is left: the latest one was promoted
+        else:
+            client.set_registered_model_alias(name, CHALLENGER, version.version)
     client.set_terminated(mlflow_run_id, "FINISHED")
     # Last, once the version is registered: a mirror is best effort and its failure is a result, not an error.
     mirrored = mirror_registered(client, mlflow_run_id,
