@@ -165,3 +165,6 @@ class ModelVersion(_Record):
     """The optional mirrors the registration sent the run to (none unless one is configured)."""
     cloud_cost: RunCost | None = None
     """The run's actual cloud cost (SkyPilot provider); None on the local provider."""
+    health: list[str] = Field(default_factory=list)
+    """What went wrong in training without failing it (e.g. no learning signal for several steps), one line each;
+    the decision says it too."""

@@ -39,7 +39,7 @@ def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: T
         "model_uri": result.model_uri,
         "mlflow_run_id": version.mlflow_run_id,
         "mirrors": ", ".join(f"{m.name} {m.where if m.ok else 'FAILED'}" for m in version.mirrors),
-        "warnings": [warning_line(m, run_id) for m in version.mirrors if not m.ok],
+        "warnings": [*version.health, *(warning_line(m, run_id) for m in version.mirrors if not m.ok)],
         "warm_start": warm_start_line(result.summary),
         "async_loop": async_loop_lines(result.summary),
         "reward_curve_png": curve_png,

@@ -143,6 +143,20 @@ def test_reward_curve_is_a_png_beside_the_run_and_on_the_mlflow_run_with_its_tab
     assert curve_png_location(store, "run-never-trained") == ""
 
 
+def test_a_run_without_learning_signal_says_so_in_its_decision_and_health(env, tiny_model_dir):
+    cfg, store, dataset = env
+    lines = trl_lines(2, tied=True) + trl_lines(5, tied=True, tied_share=1.0)[2:]  # steps 3-5: every group tied
+    train, report, base = make_run(store, tiny_model_dir, "run-flat", correct_first(10), lines=lines)
+
+    version = register(cfg, store, dataset, train, report, base)
+
+    (finding,) = version.health
+    assert finding.startswith("no learning signal for 3 consecutive steps (steps 3-5)")
+    assert version.decision.endswith(f"training had {finding}")
+    described = MlflowClient(cfg.tracking.mlflow_uri).get_model_version("verl-grpo-gsm8k", version.version)
+    assert described.description == version.decision
+
+
 def test_unknown_model_lists_nothing_and_an_unreachable_server_is_an_infra_error(env, monkeypatch):
     cfg, _, _ = env
     assert list_models(cfg, "no-such-model") == []

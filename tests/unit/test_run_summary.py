@@ -14,7 +14,7 @@ METRICS = {"accuracy": 0.3, "mean_score": 0.4, "format_rate": 0.5, "mean_respons
            "truncated_rate": 0.1, **{f"reward/{c}": 0.2 for c in COMPONENTS}}
 
 
-def _summary(curve, png=PNG):
+def _summary(curve, png=PNG, health=()):
     def report(scale):
         return EvalReport(model_uri="m", split="test", n=50, metrics={k: v * scale for k, v in METRICS.items()},
                           table_uri="t", settings_key="s")
@@ -25,7 +25,7 @@ def _summary(curve, png=PNG):
     result = TrainResult(run_id="run-1", final_step=40, checkpoint=None, model_uri="file:///m",
                          metrics_uri="file:///m.jsonl")
     version = ModelVersion(name="verl-grpo-gsm8k", version="2", aliases=["challenger"], mlflow_run_id="abc",
-                           decision="kept champion v1: v2 is not better")
+                           decision="kept champion v1: v2 is not better", health=list(health))
     return summary_dict(RunConfig(), "run-1", dataset, result, trained, base, version, changes, curve, png)
 
 
@@ -76,3 +76,11 @@ def test_the_actual_cloud_cost_is_printed_and_the_local_provider_says_nothing(ca
     local = summary_dict(RunConfig(), "run-1", dataset, result, report, report, version.model_copy(
         update={"cloud_cost": None}))
     assert "cloud_cost" not in local
+
+
+def test_a_run_without_learning_signal_is_a_warning_in_the_artifact_and_the_cli(capsys):
+    finding = "no learning signal for 3 consecutive steps (steps 3-5): the rollouts of every prompt scored alike"
+    summary = _summary(None, "", health=[finding])
+    assert f"**Warning:** {finding}" in summary_markdown(summary, "[abc](http://x)")
+    _print_where_to_look(summary, RunConfig())
+    assert f"  warning           {finding}" in capsys.readouterr().out

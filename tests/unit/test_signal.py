@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from metrics_lines import trl_lines
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import TrainingError
@@ -18,6 +21,7 @@ from verl_grpo.trainers.signal import (
     components,
     likely_causes,
     no_signal,
+    run_findings,
 )
 
 GSM8K_FORMAT = ("strict_format", "thinking", "answer_block", "no_trailing")
@@ -177,3 +181,15 @@ def test_the_vocabulary_reaches_mlflow_as_train_metrics():
     assert points == {"train/signal/tied_group_share": (1.0, 3), "train/signal/all_tied": (1.0, 3),
                       "train/completions/clipped_ratio": (0.5, 3), "train/completions/mean_length": (8.0, 3),
                       "train/rewards/correctness/mean": (0.0, 3)}
+
+
+def test_a_finished_runs_metrics_give_the_streak_it_warned_of_once_and_none_with_signal():
+    """Read back for the run's summary and registry decision (`run_findings`), from any backend's metrics.jsonl."""
+    def records(lines):
+        return [json.loads(line) for line in lines]
+
+    flat = records(trl_lines(2, tied=True) + trl_lines(6, tied=True, tied_share=1.0)[2:])  # steps 3-6 all tied
+    (finding,) = run_findings(flat, 3, max_response_length=256)
+    assert finding.startswith("no learning signal for 3 consecutive steps (steps 3-5)")
+    assert run_findings(records(trl_lines(6, tied=True)), 3) == []
+    assert run_findings(flat, 0) == [], "trainer.no_signal_steps=0 turns the watch off"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import tempfile
 import time
@@ -41,6 +42,7 @@ from verl_grpo.registry.versions import (
 from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
+from verl_grpo.trainers.signal import run_findings
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,14 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     ensure_registered_model(client, name, REGISTERED_MODEL_ABOUT)
     version_tags = {key: run_tags[key] for key in VERSION_TAGS}
     version, created = find_or_create_version(client, name, mlflow_run_id, model, train.model_uri, version_tags)
-    decision = _promote(client, name, version, report, store, promotion_p_value, champion_report, grpo_line(changes))
+    metric_lines = tracking.read_lines(store, train.metrics_uri) or []
+    health = run_findings((json.loads(line) for line in metric_lines if line.strip()), cfg.trainer.no_signal_steps,
+                          cfg.algorithm.max_response_length)
+    for finding in health:
+        log.warning("run %s: %s", run_id, finding)
+    notes = [grpo_line(changes), *(f"training had {finding}" for finding in health)]
+    decision = _promote(client, name, version, report, store, promotion_p_value, champion_report,
+                        "; ".join(n for n in notes if n))
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion, never the champion
         if CHAMPION in client.get_model_version(name, version.version).aliases:
             client.delete_registered_model_alias(name, CHALLENGER)  # none is left: the latest one was promoted
@@ -133,12 +142,12 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     client.set_terminated(mlflow_run_id, "FINISHED")
     # Last, once the version is registered: a mirror is best effort and its failure is a result, not an error.
     mirrored = mirror_registered(client, mlflow_run_id,
-                                 RunMetrics(cfg, run_id, tracking.read_lines(store, train.metrics_uri) or [], summary))
+                                 RunMetrics(cfg, run_id, metric_lines, summary))
     aliases = client.get_model_version(name, version.version).aliases
     log.info("registered %s v%s (%s) in %.1fs: %s", name, version.version, "new" if created else "existing",
              time.monotonic() - started, decision.reason)
     return ModelVersion(name=name, version=str(version.version), aliases=sorted(aliases), mlflow_run_id=mlflow_run_id,
-                        decision=decision.reason, mirrors=mirrored, cloud_cost=cloud_cost)
+                        decision=decision.reason, mirrors=mirrored, cloud_cost=cloud_cost, health=health)
 
 
 def cloud_cost_metrics(cost: RunCost) -> dict[str, float]:

@@ -12,7 +12,7 @@ Pure functions and one small class; nothing heavy is imported.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -137,6 +137,16 @@ class NoSignalWatch:
             raise TrainingError(f"{finding}. Stopped early (trainer.stop_on_no_signal=true): fix the cause and "
                                 "start a new run, or set trainer.stop_on_no_signal=false to train on")
         return f"warning: {finding}"
+
+
+def run_findings(records: Iterable[Mapping[str, Any]], no_signal_steps: int,
+                 max_response_length: int | None = None) -> list[str]:
+    """What the watch found over a finished run's per-step metrics (the records its metrics.jsonl holds, from any
+    backend), as the trainer warned it: for the run's summary and registry decision. None with no_signal_steps 0."""
+    if no_signal_steps == 0:
+        return []
+    watch = NoSignalWatch(no_signal_steps, max_response_length=max_response_length)
+    return [w.removeprefix("warning: ") for record in records if (w := watch.observe(record))]
 
 
 def no_signal_finding(streak: Sequence[Mapping[str, Any]], steps: int, max_response_length: int | None = None) -> str:
