@@ -16,13 +16,18 @@ def env(tmp_path):
     return make_env(tmp_path)
 
 
+def tiny_in_line(cfg):
+    """A tiny run registered under the SmolLM2 line's name (by default a tiny run has a name of its own)."""
+    return with_model(cfg, "tiny", registered_model=NAME)
+
+
 def _champion(cfg, name=NAME) -> str:
     return str(MlflowClient(cfg.tracking.mlflow_uri).get_model_version_by_alias(name, "champion").version)
 
 
 def test_a_tiny_run_never_displaces_the_smollm2_champion_but_a_comparable_better_run_does(env, tiny_model_dir):
     cfg, store, dataset = env  # the default base model: smollm2-135m
-    tiny = with_model(cfg, "tiny")
+    tiny = tiny_in_line(cfg)
     register(cfg, store, dataset, *make_run(store, tiny_model_dir, "smol-weak", correct_first(10)))
 
     far_better = register(tiny, store, dataset, *make_run(store, tiny_model_dir, "tiny-strong", correct_first(38)))
@@ -46,7 +51,8 @@ def test_a_tiny_run_never_displaces_the_smollm2_champion_but_a_comparable_better
 
 def test_a_smollm2_run_never_displaces_a_tiny_champion(env, tiny_model_dir):
     cfg, store, dataset = env
-    first = register(with_model(cfg, "tiny"), store, dataset, *make_run(store, tiny_model_dir, "t", correct_first(5)))
+    first = register(tiny_in_line(cfg), store, dataset,
+                     *make_run(store, tiny_model_dir, "t", correct_first(5)))
     assert "champion" in first.aliases  # the first model sets the line of the registered model
 
     smol = register(cfg, store, dataset, *make_run(store, tiny_model_dir, "s", correct_first(38)))
@@ -62,7 +68,8 @@ def test_registered_under_its_own_name_a_tiny_run_is_champion_there_and_the_smol
     cfg, store, dataset = env
     register(cfg, store, dataset, *make_run(store, tiny_model_dir, "smol", correct_first(10)))
 
-    own = with_model(cfg, "tiny", registered_model="verl-grpo-gsm8k-tiny")
+    own = with_model(cfg, "tiny")  # a smoke run: its own registered model unless tracking.registered_model says
+    assert own.registered_model_name == "verl-grpo-gsm8k-tiny"
     version = register(own, store, dataset, *make_run(store, tiny_model_dir, "tiny", correct_first(38)))
 
     assert (version.name, version.version, version.aliases) == ("verl-grpo-gsm8k-tiny", "1", ["champion"])
@@ -76,7 +83,7 @@ def test_a_champion_of_another_line_is_not_re_evaluated(env, tiny_model_dir):
     _, smol_report, _ = make_run(store, tiny_model_dir, "smol2", correct_first(10), settings="new")
 
     assert champion_needs_reeval(cfg, smol_report)  # same line, other eval settings: reconciled by re-evaluation
-    assert not champion_needs_reeval(with_model(cfg, "tiny"), tiny_report)  # other line: never compared
+    assert not champion_needs_reeval(tiny_in_line(cfg), tiny_report)  # other line: never compared
 
 
 def test_a_champion_registered_before_lines_existed_gets_its_line_from_its_run(env, tiny_model_dir):
@@ -85,7 +92,7 @@ def test_a_champion_registered_before_lines_existed_gets_its_line_from_its_run(e
     client = MlflowClient(cfg.tracking.mlflow_uri)
     client.delete_model_version_tag(NAME, "1", "comparability")  # as registered by the earlier code
 
-    kept = register(with_model(cfg, "tiny"), store, dataset, *make_run(store, tiny_model_dir, "t", correct_first(38)))
+    kept = register(tiny_in_line(cfg), store, dataset, *make_run(store, tiny_model_dir, "t", correct_first(38)))
     promoted = register(cfg, store, dataset, *make_run(store, tiny_model_dir, "new", correct_first(30)))
 
     assert kept.decision.startswith("not promoted: champion v1 was trained from smollm2-135m on gsm8k, v2 from tiny")
@@ -95,7 +102,7 @@ def test_a_champion_registered_before_lines_existed_gets_its_line_from_its_run(e
 def test_versions_list_their_base_model_and_every_eval_metric_from_their_run(env, tiny_model_dir):
     cfg, store, dataset = env
     register(cfg, store, dataset, *make_run(store, tiny_model_dir, "smol", correct_first(10)))
-    register(with_model(cfg, "tiny"), store, dataset, *make_run(store, tiny_model_dir, "tiny", correct_first(20)))
+    register(tiny_in_line(cfg), store, dataset, *make_run(store, tiny_model_dir, "tiny", correct_first(20)))
 
     rows = list_models(cfg)
 

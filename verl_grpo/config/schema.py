@@ -31,6 +31,9 @@ def accepts_empty(field: FieldInfo | None) -> bool:
     return isinstance(extra, dict) and bool(extra.get("accepts_empty"))
 
 
+SMOKE_MODELS = frozenset({"tiny"})
+"""Model names of smoke runs (the test model this package builds): registered under a name of their own."""
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
@@ -232,7 +235,8 @@ class TrackingConfig(_Section):
     experiment: str | None = None
     """MLflow experiment; None means `verl-grpo/<dataset>`."""
     registered_model: str | None = None
-    """Registered model name; None means `verl-grpo-<dataset>`."""
+    """Registered model name; None means `verl-grpo-<dataset>` (`verl-grpo-<dataset>-tiny` for a smoke run on the
+    tiny test model, which must not add versions to the production line)."""
     promotion_p_value: float = Field(0.05, gt=0, le=1)
     """Alias `champion` moves only when the challenger is better with a paired (McNemar) p-value below this."""
 
@@ -649,7 +653,12 @@ class RunConfig(_Section):
 
     @property
     def registered_model_name(self) -> str:
-        return self.tracking.registered_model or f"verl-grpo-{self.dataset.name}"
+        if self.tracking.registered_model:
+            return self.tracking.registered_model
+        smoke = self.model.name.strip().lower()
+        if smoke in SMOKE_MODELS:  # a smoke run never adds a version to the dataset's production line
+            return f"verl-grpo-{self.dataset.name}-{smoke}"
+        return f"verl-grpo-{self.dataset.name}"
 
     def digest(self) -> str:
         """Stable short hash of the resolved config (identifies 'the same run settings').
