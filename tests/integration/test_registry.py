@@ -43,6 +43,10 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
     assert run.data.tags["verl_grpo.run_id"] == "run-a"
     assert run.data.tags["dataset.hash"] == "h1" and run.data.tags["git.sha"] == "abc123"
     assert run.data.tags["checkpoint_uri"].endswith("global_step_3")
+    # the run page's description and a runs-table column carry the outcome
+    assert run.data.tags["mlflow.note.content"].startswith(f"**verl-grpo-gsm8k v1**: {version.decision}")
+    assert "accuracy 0.250 on test, n=40" in run.data.tags["mlflow.note.content"]
+    assert run.data.tags["promotion.decision"] == "first-model"
     assert run.data.params["algorithm.rollouts"] == "4" and run.data.params["eval.limit"] == "50"
     assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1.0, 0.5, 1.0 / 3]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/reward/mean")] == [1, 2, 3]
@@ -153,8 +157,9 @@ def test_a_run_without_learning_signal_says_so_in_its_decision_and_health(env, t
     (finding,) = version.health
     assert finding.startswith("no learning signal for 3 consecutive steps (steps 3-5)")
     assert version.decision.endswith(f"training had {finding}")
-    described = MlflowClient(cfg.tracking.mlflow_uri).get_model_version("verl-grpo-gsm8k", version.version)
-    assert described.description == version.decision
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    assert client.get_model_version("verl-grpo-gsm8k", version.version).description == version.decision
+    assert f"**Warning:** {finding}" in client.get_run(version.mlflow_run_id).data.tags["mlflow.note.content"]
 
 
 def test_unknown_model_lists_nothing_and_an_unreachable_server_is_an_infra_error(env, monkeypatch):

@@ -47,6 +47,8 @@ from verl_grpo.trainers.signal import run_findings
 log = logging.getLogger(__name__)
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+RUN_NOTE_TAG = "mlflow.note.content"
+"""MLflow's run description (the run page's Description; the runs table's tooltip)."""
 DEFAULT_PROMOTION_P_VALUE = 0.05
 EVAL_ARTIFACT_DIR = "eval"
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
@@ -139,6 +141,11 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
             client.delete_registered_model_alias(name, CHALLENGER)  # none is left: the latest one was promoted
         else:
             client.set_registered_model_alias(name, CHALLENGER, version.version)
+    # The runs table and the run page show the outcome where comparisons happen: the description, a decision column.
+    tracking.set_tags(client, mlflow_run_id, {
+        RUN_NOTE_TAG: f"**{name} v{version.version}**: {decision.reason}\n\n{_headline(report)}"
+                      + "".join(f"\n\n**Warning:** {finding}" for finding in health),
+        DECISION_TAG: decision.code})  # the version's tag, on its run too: a column the runs table can show
     client.set_terminated(mlflow_run_id, "FINISHED")
     # Last, once the version is registered: a mirror is best effort and its failure is a result, not an error.
     mirrored = mirror_registered(client, mlflow_run_id,
