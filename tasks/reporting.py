@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
@@ -88,7 +89,8 @@ def publish_summary(outcome: Outcome) -> dict:
         logger.info(line)
     for line in summary["warnings"]:
         logger.warning(line)
-    create_markdown_artifact(summary_markdown(summary, link), key="run-summary", description=f"verl-grpo run {run_id}")
+    create_markdown_artifact(summary_markdown(summary, link), key=summary_key(cfg.dataset.name),
+                             description=f"verl-grpo run {run_id}")
     create_table_artifact(eval_table(report, base, warm), key="eval-results",
                           description=f"{run_id}: {report.split} n={report.n}, base vs "
                                       f"{'warm start vs ' if warm else ''}trained")
@@ -102,6 +104,12 @@ def publish_summary(outcome: Outcome) -> dict:
     create_link_artifact(result.model_uri, link_text="final model", key="model",
                          description=f"{run_id}: final Hugging Face model dir")
     return summary
+
+
+def summary_key(dataset: str) -> str:
+    """`run-summary-<dataset>`: one key per dataset, so the key's history page in Prefect lists that dataset's runs
+    (the nightly leaderboard); Prefect keys take lowercase letters, digits and dashes."""
+    return "run-summary-" + re.sub(r"[^a-z0-9]+", "-", dataset.lower()).strip("-")
 
 
 def curve_png_location(store: Store, run_id: str) -> str:

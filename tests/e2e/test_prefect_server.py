@@ -80,9 +80,9 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     for artifact in artifacts:  # newest version of each key
         if artifact.key not in by_key or artifact.created > by_key[artifact.key].created:
             by_key[artifact.key] = artifact
-    assert {"run-summary", "eval-results", "mlflow-run", "checkpoint", "model", "training-progress",
+    assert {"run-summary-gsm8k", "eval-results", "mlflow-run", "checkpoint", "model", "training-progress",
             "training-rewards"} <= set(by_key)
-    summary = by_key["run-summary"].data
+    summary = by_key["run-summary-gsm8k"].data  # one key per dataset: its history is the nightly leaderboard
     assert run_id in summary and "config_digest" in summary and "decision" in summary
     assert float(by_key["training-progress"].data) == pytest.approx(100.0)
     assert "| 4/4 |" in by_key["training-rewards"].data
@@ -90,7 +90,7 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     assert "accuracy" in {row["metric"] for row in table}
     assert by_key["checkpoint"].type == "markdown" and "global_step_4" in by_key["checkpoint"].data
     # The outcome sits on the flow run itself, and in its log.
-    assert by_key["run-summary"].task_run_id is None and by_key["eval-results"].task_run_id is None
+    assert by_key["run-summary-gsm8k"].task_run_id is None and by_key["eval-results"].task_run_id is None
     assert "**Decision:**" in summary and "| accuracy |" in summary and "McNemar p=" in summary
     assert any(log.message.startswith("decision: ") for log in logs)
     assert any(log.message.startswith("accuracy: ") and "McNemar p=" in log.message for log in logs)

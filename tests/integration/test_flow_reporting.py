@@ -7,7 +7,7 @@ from uuid import uuid4
 
 from flows.hooks import record_crash
 from tasks.progress import rewards_markdown
-from tasks.reporting import eval_table, mlflow_local_note, mlflow_run_url
+from tasks.reporting import eval_table, mlflow_local_note, mlflow_run_url, summary_key
 from verl_grpo import runs
 from verl_grpo.config import load_config
 from verl_grpo.contracts import EvalReport
@@ -70,3 +70,11 @@ def test_crash_hook_marks_the_run_failed_and_resumable(tmp_path):
     assert record["status"] == "failed" and record["crashes"] == 2
     assert "signal 9" in record["error"] and record["crashed_flow_run_id"] == str(flow_run.id)
     assert runs.find_resumable(store, cfg) == run_id  # a re-run with the same parameters resumes it
+
+
+def test_each_dataset_has_its_own_summary_key_prefect_accepts():
+    from prefect.types.names import raise_on_name_alphanumeric_dashes_only
+
+    keys = [summary_key(d) for d in ("gsm8k", "math", "nq_hotpotqa")]
+    assert keys == ["run-summary-gsm8k", "run-summary-math", "run-summary-nq-hotpotqa"]
+    assert [raise_on_name_alphanumeric_dashes_only(k, "key") for k in keys] == keys
