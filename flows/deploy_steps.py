@@ -53,12 +53,18 @@ def gpu_store() -> dict[str, str | None]:
 
 def nightly_schedules() -> dict[str, dict[str, object]]:
     """One schedule per deployment of NIGHTLY_ORDER, staggered a minute apart; a GPU deployment's is active only when
-    VERL_GRPO_GPU_STORE names its bucket (a nightly cloud run without one would fail at its first check)."""
+    VERL_GRPO_GPU_STORE names its bucket (a nightly cloud run without one would fail at its first check). `note`
+    ends the deployment's description: why its schedule is paused ("" when it is active)."""
     base = nightly_schedule()
     has_store = gpu_store()["uri"] is not None
-    return {name: {"cron": staggered(str(base["cron"]), k), "timezone": base["timezone"],
-                   "active": bool(base["active"]) and (has_store or not name.endswith(GPU_SUFFIX))}
-            for k, name in enumerate(NIGHTLY_ORDER)}
+    out = {}
+    for k, name in enumerate(NIGHTLY_ORDER):
+        why = ("VERL_GRPO_NIGHTLY_ACTIVE is false" if not base["active"] else
+               "VERL_GRPO_GPU_STORE (its bucket) was unset when `make serve` deployed it; set it and run `make serve` "
+               "again" if name.endswith(GPU_SUFFIX) and not has_store else "")
+        out[name] = {"cron": staggered(str(base["cron"]), k), "timezone": base["timezone"], "active": not why,
+                     "note": f" Nightly schedule paused: {why}." if why else ""}
+    return out
 
 
 def gpu_overrides() -> dict[str, list[str]]:

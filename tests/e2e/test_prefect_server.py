@@ -43,6 +43,7 @@ def test_deployments_have_nightly_schedule_and_pull_from_this_clone(served):
             assert [s.schedule.cron for s in deployment.schedules] == [f"{minute} 2 * * *"]
             assert deployment.schedules[0].schedule.timezone == "UTC"
             assert not deployment.schedules[0].active  # VERL_GRPO_NIGHTLY_ACTIVE=false
+            assert deployment.description.endswith("Nightly schedule paused: VERL_GRPO_NIGHTLY_ACTIVE is false.")
             assert deployment.global_concurrency_limit.limit == 1
             assert deployment.pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]

@@ -80,6 +80,8 @@ def test_nightly_runs_start_a_minute_apart_and_gpu_ones_are_paused_without_a_sto
     assert [s["cron"] for s in schedules.values()] == [f"{m} 1 * * 1-5" for m in (58, 59, 0, 1, 2, 3)]
     assert {name: s["active"] for name, s in schedules.items()} == {
         "gsm8k": True, "math": True, "mbpp": True, "gsm8k-gpu": False, "math-gpu": False, "mbpp-gpu": False}
+    # a paused schedule says why, at the end of its deployment's description
+    assert schedules["gsm8k"]["note"] == "" and "VERL_GRPO_GPU_STORE" in schedules["gsm8k-gpu"]["note"]
     assert "storage.uri" not in " ".join(gpu_overrides()["overrides"])
 
     monkeypatch.setenv("VERL_GRPO_GPU_STORE", "s3://my-bucket/verl")
@@ -88,3 +90,5 @@ def test_nightly_runs_start_a_minute_apart_and_gpu_ones_are_paused_without_a_sto
                                             "warm_start.enabled=false", "storage.uri=s3://my-bucket/verl"]
     monkeypatch.setenv("VERL_GRPO_NIGHTLY_ACTIVE", "false")
     assert not any(s["active"] for s in nightly_schedules().values())
+    notes = {s["note"] for s in nightly_schedules().values()}
+    assert notes == {" Nightly schedule paused: VERL_GRPO_NIGHTLY_ACTIVE is false."}
