@@ -114,3 +114,18 @@ def read_table(store: Store, uri: str) -> pd.DataFrame:
     """An eval report's per-problem table (one row per problem, keyed by `id`)."""
     with store.fs.open(strip_scheme(uri), "rb") as f:
         return pd.read_parquet(f)
+
+
+def side_by_side(trained: pd.DataFrame, base: pd.DataFrame, warm_start: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per problem: the problem, then each model's response and verdict (base, warm start, trained), and
+    `flip`: "fixed" (base wrong, trained right), "broke" (the other way) or "" — flipped problems first."""
+    out = trained[["id", *(c for c in ("prompt", "ground_truth") if c in trained)]].copy()
+    for label, table in (("base", base), ("warm_start", warm_start), ("trained", trained)):
+        if table is None:
+            continue
+        cols = [c for c in ("response", "correct", "score") if c in table]
+        out = out.merge(table[["id", *cols]].rename(columns={c: f"{label}_{c}" for c in cols}), on="id", how="left")
+    before, after = out["base_correct"].fillna(False).astype(bool), out["trained_correct"].fillna(False).astype(bool)
+    out["flip"] = [("fixed" if a and not b else "broke" if b and not a else "") for b, a in zip(before, after)]
+    order = out["flip"].map({"fixed": 0, "broke": 1, "": 2})
+    return out.assign(_order=order).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)

@@ -54,7 +54,14 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
     assert run.data.metrics["eval/pass_at_4"] == 0.25 and "delta/n" not in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
         a.path for d in ("eval", "data") for a in client.list_artifacts(run.info.run_id, d)}
-    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet"} <= artifacts
+    assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet",
+            "eval/test-side_by_side.json"} <= artifacts
+    # base and trained per problem in a table MLflow's UI renders, the problems whose verdict flipped first
+    side = json.loads(Path(client.download_artifacts(run.info.run_id, "eval/test-side_by_side.json", str(tmp_path)))
+                      .read_text())
+    rows = [dict(zip(side["columns"], row)) for row in side["data"]]
+    assert [r["flip"] for r in rows] == ["fixed"] * 10 + [""] * 30
+    assert rows[0]["base_correct"] is False and rows[0]["trained_correct"] is True
     mv = client.get_model_version("verl-grpo-gsm8k", "1")
     assert mv.tags["promotion.decision"] == "first-model" and "eval.accuracy" not in mv.tags  # numbers: on the run
 

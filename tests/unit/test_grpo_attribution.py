@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from cli.main import _print_where_to_look
-from verl_grpo.comparison import compare_to_base, grpo_line
+from verl_grpo.comparison import compare_to_base, grpo_line, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.store import Store
@@ -104,3 +104,20 @@ def test_a_run_without_warm_start_keeps_two_columns(three, capsys):
     out = capsys.readouterr().out
     assert "  base -> trained, per eval metric" in out and "GRPO's own share" not in out
     assert "| metric | base | trained | delta | p-value |" in summary_markdown(summary, "abc")
+
+
+def test_side_by_side_puts_each_models_response_beside_the_others_and_flipped_problems_first():
+    def table(responses, correct):
+        return pd.DataFrame({"id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "ground_truth": ["1", "2", "3"],
+                             "response": responses, "correct": correct, "score": [float(c) for c in correct]})
+
+    base = table(["b-a", "b-b", "b-c"], [True, False, False])
+    warm = table(["w-a", "w-b", "w-c"], [True, True, False])
+    trained = table(["t-a", "t-b", "t-c"], [False, True, False])
+    rows = side_by_side(trained, base, warm).to_dict("records")
+    assert [(r["id"], r["flip"]) for r in rows] == [("b", "fixed"), ("a", "broke"), ("c", "")]
+    assert rows[0] == {"id": "b", "prompt": "pb", "ground_truth": "2", "base_response": "b-b", "base_correct": False,
+                       "base_score": 0.0, "warm_start_response": "w-b", "warm_start_correct": True,
+                       "warm_start_score": 1.0, "trained_response": "t-b", "trained_correct": True,
+                       "trained_score": 1.0, "flip": "fixed"}
+    assert "warm_start_response" not in side_by_side(trained, base).columns

@@ -15,7 +15,7 @@ from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
 from verl_grpo import runs
-from verl_grpo.comparison import MetricChange, compare_to_base, grpo_line, read_table
+from verl_grpo.comparison import MetricChange, compare_to_base, grpo_line, read_table, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -247,6 +247,11 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
             store.fs.get_file(strip_scheme(rep.table_uri), str(evals / f"{prefix}{rep.split}.parquet"))
             (evals / f"{prefix}{rep.split}.json").write_text(rep.model_dump_json(indent=2))
         client.log_artifacts(mlflow_run_id, str(root))
+    if base_report is not None:  # a table MLflow's UI renders (parquet it cannot preview): problems that flipped first
+        warm = reports.get("warm_start-")
+        table = side_by_side(read_table(store, report.table_uri), read_table(store, base_report.table_uri),
+                             read_table(store, warm.table_uri) if warm is not None else None)
+        client.log_table(mlflow_run_id, table, f"{EVAL_ARTIFACT_DIR}/{report.split}-side_by_side.json")
 
 
 def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
