@@ -7,6 +7,9 @@ start)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import mlflow
 import pandas as pd
 import pytest
@@ -78,6 +81,11 @@ def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness,
         assert mlflow_run.data.metrics[f"pvalue/trained_vs_warm_start/{name}"] == pytest.approx(
             by_metric[name]["grpo_p_value"])
     assert summary["grpo"] in summary["decision"]  # the registry's decision says it too
+    # The eval side by side, as a table MLflow's UI renders: each model's real response per problem.
+    side = json.loads(Path(client.download_artifacts(mlflow_run.info.run_id, "eval/test-side_by_side.json",
+                                                     str(tmp_path))).read_text())
+    assert {"prompt", "base_response", "warm_start_response", "trained_response", "flip"} <= set(side["columns"])
+    assert len(side["data"]) == int(summary["eval_split"].split("n=")[1].rstrip(")"))  # one row per eval problem
 
     # Registry: one version whose files load back with transformers and generate.
     versions = client.search_model_versions(f"name='{cfg.registered_model_name}'")
