@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 pytest_plugins = ["sigterm_guard", "parallel_units"]
 
+# The suite runs several xdist workers, each with its own trainers, servers and rehearsal nodes, on 2 cores: one torch
+# thread per process (inherited by every subprocess; torch's default when a run's config names no thread count).
+# Two threads each waiting on the other's core run several times slower than one (bench/trl_step_bench.py's notes).
+# Tests of thread settings set them explicitly.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 # SkyPilot fixes its state and catalog paths from HOME when first imported, so the whole session gets a
 # temporary HOME before anything imports `sky`: tests never touch the developer's ~/.sky.
 if "VERL_GRPO_TEST_HOME" not in os.environ:

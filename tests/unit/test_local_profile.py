@@ -18,7 +18,7 @@ CPU_RUN = {
     "algorithm.temperature": 1.0, "algorithm.top_p": 1.0, "algorithm.top_k": -1,
     "algorithm.max_response_length": 128, "algorithm.train_batch_size": 2, "algorithm.total_steps": 6,
     "algorithm.save_freq": 2, "algorithm.seed": 42,
-    "trainer.backend": "trl", "trainer.micro_batch_size": None, "trainer.threads": 2, "trainer.logging_steps": 1,
+    "trainer.backend": "trl", "trainer.micro_batch_size": None, "trainer.threads": None, "trainer.logging_steps": 1,
     "trainer.no_signal_steps": 3, "trainer.stop_on_no_signal": False,
     "warm_start.enabled": True, "warm_start.steps": 40, "warm_start.batch_size": 4, "warm_start.lr": 5e-05,
     "warm_start.max_response_tokens": 96,

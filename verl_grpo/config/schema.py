@@ -164,7 +164,9 @@ class TrainerConfig(_Section):
     micro_batch_size: int | None = None
     """Completions per forward/backward pass; None means the whole step at once. Gradients accumulate."""
     threads: int | None = None
-    """torch CPU threads of the training process; None leaves torch's default."""
+    """torch CPU threads of the training process; None leaves torch's default: OMP_NUM_THREADS where it is set (set
+    it to 1 on a machine shared with other work: two threads each waiting on the other's core run several times
+    slower than one), else the cores this process may use."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Mixed precision of the trl backend's steps (and the warm start): `bf16` runs forward, backward and generation
     under bf16 autocast with float32 master weights; `fp32` keeps everything float32; `auto` picks bf16 where the

@@ -36,7 +36,7 @@ from verl_grpo.evaluate.generation import (
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval
 from verl_grpo.layout import eval_report, eval_spec, eval_table
-from verl_grpo.rehearsal import ENV_ON_NODE
+from verl_grpo.rehearsal import ENV_ON_NODE, STANDIN_THREADS
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.trainers.protocol import run_entry
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
@@ -186,7 +186,7 @@ def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:
     if os.environ.get(ENV_ON_NODE) == "1":  # a node of the local rehearsal of the cloud: no GPU for vLLM
         print("rehearsal: vLLM stood in by transformers generate on the CPU (same prompts, scoring and report)",
               flush=True)
-        return HFGenerator(model_dir, cfg.model.dtype, threads=cfg.eval.threads)
+        return HFGenerator(model_dir, cfg.model.dtype, threads=STANDIN_THREADS)
     return VLLMGenerator(model_dir, GPU_DTYPE, spec.tensor_parallel_size, spec.gpu_memory_utilization,
                          seed=cfg.eval.seed)
 

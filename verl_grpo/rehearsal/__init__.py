@@ -26,3 +26,7 @@ ENV_ON_NODE = "VERL_GRPO_REHEARSAL"
 ENV_MAIN_PPO = "VERL_GRPO_REHEARSAL_MAIN_PPO"
 """Module run in place of `verl.trainer.main_ppo` (default `verl_grpo.rehearsal.main_ppo_cpu`)."""
 DEFAULT_MAIN_PPO = "verl_grpo.rehearsal.main_ppo_cpu"
+STANDIN_THREADS = 1
+"""torch threads of the CPU stand-ins (trainer and vLLM's eval) on a node: they run a toy model in place of the GPUs,
+whose matmuls gain nothing from a second thread, and every node of a rehearsal shares this machine's cores, where two
+threads each waiting on the other's core run several times slower than one (bench/trl_step_bench.py's notes)."""
