@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import cached_property
 from pathlib import Path
@@ -88,6 +89,18 @@ class Store:
             dest.parent.mkdir(parents=True, exist_ok=True)
             self._call(self.fs.get_file, remote, str(dest))
         return local_dir
+
+    def fingerprint(self, *parts: str) -> str:
+        """sha256 of every file's relative path, size and version (S3 ETag, else modification time) under `parts`,
+        read fresh from the store: it changes whenever a file there is written again."""
+        src = self.path(*parts)
+        self.fs.invalidate_cache(src)
+        listing = self._call(self.fs.find, src, detail=True)
+        digest = hashlib.sha256()
+        for remote, info in sorted(listing.items()):
+            version = info.get("ETag") or info.get("LastModified") or info.get("mtime")
+            digest.update(f"{remote[len(src):]}\0{info.get('size')}\0{version}\0".encode())
+        return digest.hexdigest()
 
     def listdir(self, *parts: str) -> list[str]:
         """Names directly under `parts` (empty when missing)."""

@@ -175,3 +175,24 @@ def test_bad_inputs_name_the_fix(prepared, tmp_path):
         evaluate_model(cfg, f"file://{tmp_path}", dataset, store, out_rel="x")
     with pytest.raises(ConfigError, match="pass run_id or out_rel"):
         evaluate_model(cfg, "tiny", dataset, store)
+
+
+def test_a_store_model_is_cached_once_per_version_of_its_files(s3_bucket, tmp_path):
+    """The local copy of a store model follows the store: a model published again under the same URI (a store reset,
+    a run id reused) is downloaded again, never answered from the copy of the earlier files."""
+    uri, endpoint = s3_bucket
+    store = Store(uri, endpoint)
+    files = tmp_path / "model"
+    files.mkdir()
+    (files / "config.json").write_text('{"model_type": "qwen2"}')
+    (files / "model.safetensors").write_bytes(b"first weights")
+    model_uri = store.put_dir(files, model_dir("run-1"))
+
+    first = runner.resolve_model_dir(model_uri, Store(uri, endpoint))
+    assert (first / "model.safetensors").read_bytes() == b"first weights"
+    assert runner.resolve_model_dir(model_uri, Store(uri, endpoint)) == first  # unchanged files: the same copy
+
+    (files / "model.safetensors").write_bytes(b"other weights")  # same size, other bytes
+    store.put_dir(files, model_dir("run-1"))
+    again = runner.resolve_model_dir(model_uri, Store(uri, endpoint))
+    assert again != first and (again / "model.safetensors").read_bytes() == b"other weights"

@@ -58,14 +58,18 @@ def _checked(path: Path, given: str) -> Path:
 
 
 def _download(uri: str, endpoint_url: str | None) -> Path:
-    """Copy a remote model directory into the local model cache once."""
-    target = model_cache_dir() / "store" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    """Copy a remote model directory into the local model cache once per version of its files: the same URI on
+    another endpoint, or a model published there again (a store reset, a run id reused), is another entry."""
+    store = Store(uri, endpoint_url)
+    version = store.fingerprint()
+    key = hashlib.sha256(f"{endpoint_url or ''}\0{uri}\0{version}".encode()).hexdigest()[:16]
 
     def download(tmp: Path) -> None:
-        Store(uri, endpoint_url).get_dir(tmp)
+        store.get_dir(tmp)
         _checked(tmp, uri)
 
-    return cached_build(target, {"uri": uri}, download)
+    return cached_build(model_cache_dir() / "store" / key, {"uri": uri, "endpoint_url": endpoint_url,
+                                                            "version": version}, download)
 
 
 def _hub_snapshot(repo_id: str) -> Path:
