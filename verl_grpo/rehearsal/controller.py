@@ -443,6 +443,7 @@ class JobController:
         self.group_hostnames = False
         """Whether the group's tasks resolve `<task>-<rank>.<group>`: only where SkyPilot gives job-group hostnames."""
         self.primaries_done = False
+        self._published: tuple[Any, ...] | None = None
         self.termination_delay: dict[str, int] = {}
         self.host_view = HostView([Path(self.info["state_dir"]), PACKAGE_ROOT / "verl_grpo", Path(sys.prefix),
                                    Path(sys.base_prefix)])
@@ -587,8 +588,12 @@ class JobController:
         return self._live_status
 
     def _publish(self) -> None:
-        self._set_state(status=self._status(), recovery_count=sum(t.recovery_count for t in self.tasks),
-                        tasks={t.name: t.status for t in self.tasks})
+        """The job's status, recovery count and task statuses into its state file, when one of them changed (this
+        runs every poll)."""
+        published = (self._status(), sum(t.recovery_count for t in self.tasks), {t.name: t.status for t in self.tasks})
+        if published != self._published:
+            self._published = published
+            self._set_state(status=published[0], recovery_count=published[1], tasks=published[2])
 
     def _finish(self, status: str, reason: str | None) -> None:
         recovery_count = sum(t.recovery_count for t in self.tasks)
