@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,23 @@ from typing import Any
 import fsspec
 
 from verl_grpo.errors import ConfigError, InfraError
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files under one store path with fsspec's info for each, as one fresh `find` returned them."""
+
+    root: str
+    files: dict[str, dict[str, Any]]
+
+    def fingerprint(self) -> str:
+        """sha256 of every file's relative path, size and version (S3 ETag, else modification time): it changes
+        whenever a file there is written again."""
+        digest = hashlib.sha256()
+        for remote, info in sorted(self.files.items()):
+            version = info.get("ETag") or info.get("LastModified") or info.get("mtime")
+            digest.update(f"{remote[len(self.root):]}\0{info.get('size')}\0{version}\0".encode())
+        return digest.hexdigest()
 
 
 class Store:
@@ -78,29 +96,26 @@ class Store:
         self._call(self.fs.put_file, str(local), target)
         return self.url(*parts)
 
-    def get_dir(self, local_dir: Path, *parts: str) -> Path:
-        """Download everything under `parts` into local_dir."""
+    def get_dir(self, local_dir: Path, *parts: str, listing: Listing | None = None) -> Path:
+        """Download everything under `parts` into local_dir: the files of `listing` when given (one taken of the
+        same path, so what is fetched is what was fingerprinted), else those a listing finds now."""
         src = self.path(*parts)
+        if listing is not None and listing.root != src:
+            raise ValueError(f"listing of {listing.root!r} given for {src!r}")
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
-        for remote in self._call(self.fs.find, src):
+        for remote in listing.files if listing is not None else self._call(self.fs.find, src):
             rel = remote[len(src) :].lstrip("/")
             dest = local_dir / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             self._call(self.fs.get_file, remote, str(dest))
         return local_dir
 
-    def fingerprint(self, *parts: str) -> str:
-        """sha256 of every file's relative path, size and version (S3 ETag, else modification time) under `parts`,
-        read fresh from the store: it changes whenever a file there is written again."""
+    def listing(self, *parts: str) -> Listing:
+        """The files under `parts` with their info, read fresh from the store (its listing cache dropped first)."""
         src = self.path(*parts)
         self.fs.invalidate_cache(src)
-        listing = self._call(self.fs.find, src, detail=True)
-        digest = hashlib.sha256()
-        for remote, info in sorted(listing.items()):
-            version = info.get("ETag") or info.get("LastModified") or info.get("mtime")
-            digest.update(f"{remote[len(src):]}\0{info.get('size')}\0{version}\0".encode())
-        return digest.hexdigest()
+        return Listing(src, self._call(self.fs.find, src, detail=True))
 
     def listdir(self, *parts: str) -> list[str]:
         """Names directly under `parts` (empty when missing)."""

@@ -196,3 +196,22 @@ def test_a_store_model_is_cached_once_per_version_of_its_files(s3_bucket, tmp_pa
     store.put_dir(files, model_dir("run-1"))
     again = runner.resolve_model_dir(model_uri, Store(uri, endpoint))
     assert again != first and (again / "model.safetensors").read_bytes() == b"other weights"
+
+
+def test_a_store_download_fetches_the_files_of_the_listing_it_fingerprinted(s3_bucket, tmp_path):
+    """One listing names the copy's version and its files: a file written after it is not in that copy (the next
+    resolve lists again and gets it), and a listing of another path is refused."""
+    uri, endpoint = s3_bucket
+    store = Store(uri, endpoint)
+    files = tmp_path / "model"
+    files.mkdir()
+    (files / "config.json").write_text('{"model_type": "qwen2"}')
+    store.put_dir(files, model_dir("run-2"))
+    listing = store.listing(model_dir("run-2"))
+    store.write_text("late", model_dir("run-2"), "extra.txt")
+
+    copy = store.get_dir(tmp_path / "copy", model_dir("run-2"), listing=listing)
+    assert sorted(p.name for p in copy.iterdir()) == ["config.json"]
+    assert listing.fingerprint() != store.listing(model_dir("run-2")).fingerprint()
+    with pytest.raises(ValueError, match="listing of"):
+        store.get_dir(tmp_path / "other", model_dir("run-1"), listing=listing)

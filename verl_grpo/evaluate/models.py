@@ -61,11 +61,12 @@ def _download(uri: str, endpoint_url: str | None) -> Path:
     """Copy a remote model directory into the local model cache once per version of its files: the same URI on
     another endpoint, or a model published there again (a store reset, a run id reused), is another entry."""
     store = Store(uri, endpoint_url)
-    version = store.fingerprint()
+    listing = store.listing()
+    version = listing.fingerprint()
     key = hashlib.sha256(f"{endpoint_url or ''}\0{uri}\0{version}".encode()).hexdigest()[:16]
 
     def download(tmp: Path) -> None:
-        store.get_dir(tmp)
+        store.get_dir(tmp, listing=listing)
         _checked(tmp, uri)
 
     return cached_build(model_cache_dir() / "store" / key, {"uri": uri, "endpoint_url": endpoint_url,
