@@ -89,12 +89,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(overrides: list[str], load: Callable[[list[str]], Any], describe: Callable[[Any, list[str]], str]) -> int:
     """Check and compose the overrides with `load`, print `describe`'s line, train with the stand-in trainer."""
-    import torch
-
-    from verl_grpo.rehearsal import STANDIN_THREADS
-
-    torch.set_num_threads(STANDIN_THREADS)
     try:
+        import torch
+
+        from verl_grpo.rehearsal import STANDIN_THREADS
+
+        torch.set_num_threads(STANDIN_THREADS)
         config = load(overrides)
         loggers = list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [
             config.trainer.logger]
