@@ -194,6 +194,24 @@ def test_head_waits_for_nodes_against_its_own_ray_and_gives_up():
     assert "nodes joined the Ray cluster" in run and "exit 1" in run
 
 
+@pytest.mark.parametrize(("nodes", "expect_polls"), [(1, 0), (2, 1)])
+def test_the_rendered_wait_polls_ray_only_for_worker_nodes(tmp_path, nodes, expect_polls):
+    """The head's wait loop as rendered, run by bash against a `ray` that logs its calls and reports every node
+    alive: a one-node cluster is whole once `ray start --head` returned, so it never asks."""
+    run = _docs("multinode")[0]["run"]
+    wait = run[run.index("WAIT_UNTIL="):run.index("export RAY_ADDRESS=")]
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\n"
+                        f"python3 -c 'print([{{}}] * {nodes})' | tr \"'\" '\"'\n")
+    fake_ray.chmod(0o755)
+    script = f"set -euo pipefail\nHEAD_IP=10.0.0.1\nNUM_NODES={nodes}\n{wait}echo waited\n"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert done.returncode == 0 and done.stdout.strip() == "waited", done.stderr
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    assert len(calls) == expect_polls and all(c.startswith("list nodes --address=10.0.0.1:6379") for c in calls)
+
+
 @pytest.mark.parametrize("shape", ["multinode", "job_group", "rollout_group"])
 def test_every_task_installs_into_and_runs_in_a_venv_of_the_required_python(shape):
     assert templates.python_version() == "3.11"
