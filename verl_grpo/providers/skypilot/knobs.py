@@ -87,7 +87,7 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
         if key == f"{ACTOR}.ppo_mini_batch_size" and cfg.verl.ppo_mini_batch_size is None:
             # the mini batch follows the train batch: TRAIN_BATCH_SIZE over the config's mini-batch count
             # (at least 1: a TRAIN_BATCH_SIZE below the count at launch still trains, in mini-batches of one)
-            count = mini_batch_count(cfg.algorithm.train_batch_size, cfg.verl.ppo_mini_batches)
+            count = _mini_batches(cfg)
             mini = f"TRAIN_BATCH_SIZE >= {count} ? TRAIN_BATCH_SIZE / {count} : 1"
             args.append(f'{key}="$TRAIN_BATCH_SIZE"' if count == 1 else f'{key}="$(({mini}))"')
             continue
@@ -108,9 +108,14 @@ def knob_task(cfg: RunConfig, command: Sequence[str], retrieval_available: bool,
     )
 
 
+def _mini_batches(cfg: RunConfig) -> int:
+    """The config's mini-batches a step: what TRAIN_BATCH_SIZE is split into while verl.ppo_mini_batch_size is unset."""
+    return mini_batch_count(cfg.algorithm.train_batch_size, cfg.verl.ppo_mini_batches)
+
+
 def _whole_mini_batches(cfg: RunConfig) -> list[str]:
     mini = cfg.verl.ppo_mini_batch_size
-    multiple = mini or mini_batch_count(cfg.algorithm.train_batch_size, cfg.verl.ppo_mini_batches)
+    multiple = mini or _mini_batches(cfg)
     if multiple == 1:
         return []
     what = f"verl.ppo_mini_batch_size={mini}" if mini else f"{multiple} mini-batches a step"
