@@ -82,7 +82,7 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
-    from verl_grpo.summary import curve_lines, metrics_heading, mlflow_ui_command, outcome_lines
+    from verl_grpo.summary import curve_lines, decision_beside_warnings, metrics_heading, mlflow_ui_command, outcome_lines
 
     click.echo("")
     click.secho("verl-grpo run finished", fg="green", bold=True)
@@ -91,7 +91,7 @@ def _print_where_to_look(summary: dict, cfg) -> None:
                f" (base {summary['base_accuracy']:.4f}, delta {delta:+.4f})")
     if summary.get("grpo"):
         click.echo(f"  GRPO's own share  {summary['grpo']}")
-    click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  ({summary['decision']})")
+    click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  ({decision_beside_warnings(summary)})")
     for line in summary.get("warnings", []):
         click.secho(f"  warning           {line}", fg="yellow")
     click.echo(f"  checkpoint        {summary['checkpoint']}")

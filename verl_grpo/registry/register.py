@@ -42,7 +42,7 @@ from verl_grpo.registry.versions import (
 from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
-from verl_grpo.trainers.signal import run_findings
+from verl_grpo.trainers.signal import decision_note, run_findings
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
                           cfg.algorithm.max_response_length)
     for finding in health:
         log.warning("run %s: %s", run_id, finding)
-    notes = [grpo_line(changes), *(f"training had {finding}" for finding in health)]
+    notes = [grpo_line(changes), *map(decision_note, health)]
     decision = _promote(client, name, version, report, store, promotion_p_value, champion_report,
                         "; ".join(n for n in notes if n))
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion, never the champion
