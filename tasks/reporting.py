@@ -9,7 +9,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from verl_grpo.chain import Outcome
-from verl_grpo.comparison import compare_to_base
+from verl_grpo.comparison import EvalTables, compare_to_base
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import EvalReport
 from verl_grpo.models import model_short_name
@@ -76,7 +76,7 @@ def publish_summary(outcome: Outcome) -> dict:
     cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
     report, base, warm, version = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start, outcome.version
     store = Store.from_config(cfg.storage)
-    changes = compare_to_base(report, base, store, warm)
+    changes = compare_to_base(report, base, EvalTables(store), warm)
     curve = reward_curve(read_lines(store, result.metrics_uri) or [])
     summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes, curve,
                            curve_png_location(store, run_id), warm)

@@ -52,13 +52,27 @@ class MetricChange:
         return _minus(self.trained, self.warm_start)
 
 
-def compare_to_base(report: EvalReport, base: EvalReport, store: Store,
+class EvalTables:
+    """The per-problem tables of one store's eval reports, each read once: a registration compares, logs and decides
+    on the same tables. Callers read them and do not change them."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._read: dict[str, pd.DataFrame] = {}
+
+    def of(self, report: EvalReport) -> pd.DataFrame:
+        if report.table_uri not in self._read:
+            self._read[report.table_uri] = read_table(self.store, report.table_uri)
+        return self._read[report.table_uri]
+
+
+def compare_to_base(report: EvalReport, base: EvalReport, eval_tables: EvalTables,
                     warm_start: EvalReport | None = None) -> list[MetricChange]:
     """One MetricChange per eval metric of any report (`n` left out), in name order; with `warm_start`, each also
     compares the warm start to the base model and the trained model to the warm start."""
-    tables = {"t": read_table(store, report.table_uri), "b": read_table(store, base.table_uri)}
+    tables = {"t": eval_tables.of(report), "b": eval_tables.of(base)}
     if warm_start is not None:
-        tables["w"] = read_table(store, warm_start.table_uri)
+        tables["w"] = eval_tables.of(warm_start)
     names = set(report.metrics) | set(base.metrics) | set(warm_start.metrics if warm_start else ())
     changes = []
     for name in sorted(names - {"n"}):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from cli.main import _print_where_to_look
-from verl_grpo.comparison import compare_to_base, grpo_line, side_by_side
+from verl_grpo.comparison import EvalTables, compare_to_base, grpo_line, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.store import Store
@@ -40,7 +40,7 @@ def three(tmp_path):
 
 def test_each_step_has_its_own_paired_test(three):
     store, base, warm, trained = three
-    by_metric = {c.metric: c for c in compare_to_base(trained, base, store, warm)}
+    by_metric = {c.metric: c for c in compare_to_base(trained, base, EvalTables(store), warm)}
 
     score = by_metric["mean_score"]
     assert score.warm_start_delta == pytest.approx(warm.metrics["mean_score"])
@@ -51,17 +51,17 @@ def test_each_step_has_its_own_paired_test(three):
     assert acc.grpo_p_value == pytest.approx(2 * 0.5 ** 20)  # 20 discordant pairs, all for the trained model
     assert "n" not in by_metric
     # Without a warm start nothing of it is computed.
-    plain = {c.metric: c for c in compare_to_base(trained, base, store)}["mean_score"]
+    plain = {c.metric: c for c in compare_to_base(trained, base, EvalTables(store))}["mean_score"]
     assert (plain.warm_start, plain.grpo_p_value, plain.grpo_delta) == (None, None, None)
     assert plain.p_value == pytest.approx(score.p_value)
 
 
 def test_grpo_line_states_the_total_reward_step_and_its_p_value(three):
     store, base, warm, trained = three
-    line = grpo_line(compare_to_base(trained, base, store, warm))
+    line = grpo_line(compare_to_base(trained, base, EvalTables(store), warm))
     assert line.startswith("GRPO added +0.2000 mean_score over the warm start (0.3295 -> 0.5295, Wilcoxon p=")
-    assert grpo_line(compare_to_base(trained, base, store)) == ""
-    same = grpo_line(compare_to_base(warm, base, store, warm))
+    assert grpo_line(compare_to_base(trained, base, EvalTables(store))) == ""
+    same = grpo_line(compare_to_base(warm, base, EvalTables(store), warm))
     assert same == "GRPO added +0.0000 mean_score over the warm start (0.3295 -> 0.3295, Wilcoxon p=1)"
 
 
@@ -72,7 +72,7 @@ def _summary(three, with_warm: bool) -> dict:
     version = ModelVersion(name="verl-grpo-gsm8k", version="1", mlflow_run_id="abc", decision="first")
     warm = warm if with_warm else None
     return summary_dict(RunConfig(), "run-1", dataset, result, trained, base, version,
-                        compare_to_base(trained, base, store, warm), warm_start=warm)
+                        compare_to_base(trained, base, EvalTables(store), warm), warm_start=warm)
 
 
 def test_the_cli_and_the_artifact_show_three_columns_and_grpos_share(three, capsys):

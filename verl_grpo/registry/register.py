@@ -15,7 +15,7 @@ from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
 from verl_grpo import runs
-from verl_grpo.comparison import MetricChange, compare_to_base, grpo_line, read_table, side_by_side
+from verl_grpo.comparison import EvalTables, MetricChange, compare_to_base, grpo_line, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -114,12 +114,13 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     name = cfg.registered_model_name
     model = log_hf_model(client, exp_id, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})",
                          step=train.final_step)
-    changes = compare_to_base(report, base_report, store, warm_start_report) if base_report is not None else []
+    tables = EvalTables(store)
+    changes = compare_to_base(report, base_report, tables, warm_start_report) if base_report is not None else []
     summary = eval_summary(report, base_report, warm_start_report)
     tracking.log_metrics(client, mlflow_run_id, {**summary, **p_value_metrics(changes), FINAL_STEP_METRIC: train.final_step},
                          step=train.final_step, model_id=model.model_id)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, {"": report, "base-": base_report,
-                   "warm_start-": warm_start_report}, store, train.metrics_uri)
+                   "warm_start-": warm_start_report}, store, tables, train.metrics_uri)
     if cloud_cost is not None:
         tracking.log_metrics(client, mlflow_run_id, cloud_cost_metrics(cloud_cost), step=train.final_step)
         tracking.log_params(client, mlflow_run_id, {"cloud.pricing": cloud_cost.pricing,
@@ -134,7 +135,7 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     for finding in health:
         log.warning("run %s: %s", run_id, finding)
     notes = [grpo_line(changes), *map(decision_note, health)]
-    decision = _promote(client, name, version, report, store, promotion_p_value, champion_report,
+    decision = _promote(client, name, version, report, tables, promotion_p_value, champion_report,
                         "; ".join(n for n in notes if n))
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion, never the champion
         if CHAMPION in client.get_model_version(name, version.version).aliases:
@@ -220,7 +221,8 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
 
 
 def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
-                   reports: Mapping[str, EvalReport | None], store: Store, metrics_uri: str) -> None:
+                   reports: Mapping[str, EvalReport | None], store: Store, tables: EvalTables,
+                   metrics_uri: str) -> None:
     """config.yaml, the data manifest, the eval tables + reports (`reports`: file-name prefix → report; "" the
     trained model's), the two PNG charts and the reward curve as a markdown table (re-logging overwrites). The
     reward curve PNG is also kept in the store beside the run."""
@@ -249,12 +251,11 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
         client.log_artifacts(mlflow_run_id, str(root))
     if base_report is not None:  # a table MLflow's UI renders (parquet it cannot preview): problems that flipped first
         warm = reports.get("warm_start-")
-        table = side_by_side(read_table(store, report.table_uri), read_table(store, base_report.table_uri),
-                             read_table(store, warm.table_uri) if warm is not None else None)
+        table = side_by_side(tables.of(report), tables.of(base_report), tables.of(warm) if warm is not None else None)
         client.log_table(mlflow_run_id, table, f"{EVAL_ARTIFACT_DIR}/{report.split}-side_by_side.json")
 
 
-def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, store: Store,
+def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, tables: EvalTables,
              p_threshold: float, champion_report: EvalReport | None, attribution: str = "") -> Decision:
     """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
 
@@ -276,13 +277,13 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         decision = Decision(OTHER_LINE, other_line_reason(f"v{champion.version}", champion_line, label, line))
     else:
         champ_label = f"v{champion.version}"
-        champ_table = _champion_table(client, champion, report, store, champion_report)
+        champ_table = _champion_table(client, champion, report, tables, champion_report)
         if champ_table is None:
             decision = Decision(INCOMPARABLE, f"kept champion {champ_label}: it was evaluated with other settings "
                                 f"({champion.tags.get(SETTINGS_TAG)} vs {report.settings_key}); pass the champion "
                                 "re-evaluated with these settings as champion_report to compare")
         else:
-            decision = decide(read_table(store, report.table_uri), champ_table, p_threshold=p_threshold,
+            decision = decide(tables.of(report), champ_table, p_threshold=p_threshold,
                               challenger_label=label, champion_label=champ_label)
     if attribution:
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; {attribution}")
@@ -309,11 +310,11 @@ def _headline(report: EvalReport) -> str:
     return f"accuracy {report.metrics.get('accuracy', float('nan')):.3f} on {report.split}, n={report.n}"
 
 
-def _champion_table(client: MlflowClient, champion: MlflowModelVersion, report: EvalReport, store: Store,
+def _champion_table(client: MlflowClient, champion: MlflowModelVersion, report: EvalReport, tables: EvalTables,
                     champion_report: EvalReport | None) -> pd.DataFrame | None:
     """The champion's per-problem results under the challenger's settings, or None when there are none."""
     if champion_report is not None and champion_report.settings_key == report.settings_key:
-        return read_table(store, champion_report.table_uri)
+        return tables.of(champion_report)
     if champion.tags.get(SETTINGS_TAG) != report.settings_key:  # the key covers the split
         return None
     with tempfile.TemporaryDirectory(prefix="verl-grpo-champion-") as tmp:
