@@ -176,7 +176,8 @@ def mbpp_programs(rows: list[dict]) -> list[tuple[str, str, list[str], str]]:
         out.append(("gold", r["code"], r["test_list"], r["test_setup_code"]))
         m = re.search(r"assert\s+\(?\s*(?:set\()?\s*(\w+)\s*\(", r["test_list"][0])
         name = m.group(1) if m else "solution"
-        out.append(("broken", f"{r['code']}\ndef {name}(*args, **kwargs):\n    return None\n", r["test_list"], r["test_setup_code"]))
+        out.append(("broken", f"{r['code']}\ndef {name}(*args, **kwargs):\n    return "
+                              "None\n", r["test_list"], r["test_setup_code"]))
     return out
 
 
@@ -225,7 +226,8 @@ def bench_p3(rows: list[dict], timeout_s: float = 5.0) -> list[str]:
         f"| throughput (programs/s) | {n / t_pool:,.1f} | {n / t_sub:,.1f} | **{t_sub / t_pool:.1f}×** |",
         f"| all-tests-passed verdicts, gold | {sum(v for (k, *_), v in zip(programs, pool_verdicts) if k == 'gold')} "
         f"| {sum(v for (k, *_), v in zip(programs, sub_verdicts) if k == 'gold')} | |",
-        f"| all-tests-passed verdicts, broken | {sum(v for (k, *_), v in zip(programs, pool_verdicts) if k == 'broken')} "
+        "| all-tests-passed verdicts, broken | "
+        f"{sum(v for (k, *_), v in zip(programs, pool_verdicts) if k == 'broken')} "
         f"| {sum(v for (k, *_), v in zip(programs, sub_verdicts) if k == 'broken')} | |",
         "",
         f"Same verdict on **{same}/{n}** programs. Subprocess.run with {workers} threads in parallel: "

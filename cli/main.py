@@ -67,8 +67,10 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @_config_options
-@click.option("--run-id", default=None, help="Resume this run id; it must exist in the store (default: resume an unfinished run with the same config, else start one).")
-@click.option("--fresh", is_flag=True, help="Start a new run (named --run-id when given) even if an unfinished one with the same config exists.")
+@click.option("--run-id", default=None, help="Resume this run id; it must exist in the store (default: resume an "
+                                             "unfinished run with the same config, else start one).")
+@click.option("--fresh", is_flag=True, help="Start a new run (named --run-id when given) even if an unfinished one "
+                                            "with the same config exists.")
 @_user_errors
 def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None, fresh: bool) -> None:
     """Run the whole `verl-grpo` Prefect flow (ephemeral Prefect unless PREFECT_API_URL is set)."""
@@ -82,7 +84,13 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 
 
 def _print_where_to_look(summary: dict, cfg) -> None:
-    from verl_grpo.summary import curve_lines, decision_beside_warnings, metrics_heading, mlflow_ui_command, outcome_lines
+    from verl_grpo.summary import (
+        curve_lines,
+        decision_beside_warnings,
+        metrics_heading,
+        mlflow_ui_command,
+        outcome_lines,
+    )
 
     click.echo("")
     click.secho("verl-grpo run finished", fg="green", bold=True)
@@ -91,7 +99,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
                f" (base {summary['base_accuracy']:.4f}, delta {delta:+.4f})")
     if summary.get("grpo"):
         click.echo(f"  GRPO's own share  {summary['grpo']}")
-    click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  ({decision_beside_warnings(summary)})")
+    click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  "
+               f"({decision_beside_warnings(summary)})")
     for line in summary.get("warnings", []):
         click.secho(f"  warning           {line}", fg="yellow")
     click.echo(f"  checkpoint        {summary['checkpoint']}")
@@ -179,7 +188,8 @@ def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: st
     cfg = _load(configs, overrides)
     dataset = pipeline.prepare(cfg)
     if run_id:
-        report = held_out.evaluate_trained(cfg, dataset, run_id, model_uri or _stored_train_result(cfg, run_id).model_uri)
+        model_uri = model_uri or _stored_train_result(cfg, run_id).model_uri
+        report = held_out.evaluate_trained(cfg, dataset, run_id, model_uri)
     else:
         report = held_out.evaluate_cached_model(cfg, dataset, model_uri)
     _echo_json(report.model_dump())
@@ -205,7 +215,8 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
     try:
         report = EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
     except FileNotFoundError:
-        raise ConfigError(f"run {run_id} has no eval report for split {cfg.eval.split}; run `verl-grpo evaluate --run-id {run_id}` first") from None
+        raise ConfigError(f"run {run_id} has no eval report for split {cfg.eval.split}; run `verl-grpo evaluate "
+                          f"--run-id {run_id}` first") from None
     base = evaluate_base(cfg, dataset)
     version = pipeline.register(ResolvedRun(cfg, run_id, resumed=True), dataset, result, report, base)
     _echo_json(version.model_dump())
@@ -220,7 +231,8 @@ def _stored_train_result(cfg, run_id: str):
     try:
         return TrainResult.model_validate_json(store.read_text(train_result(run_id)))
     except FileNotFoundError:
-        raise ConfigError(f"run {run_id} has no finished training in {store.uri}; check --run-id or run `verl-grpo train`") from None
+        raise ConfigError(f"run {run_id} has no finished training in {store.uri}; check --run-id or run `verl-grpo "
+                          "train`") from None
 
 
 @main.command()
@@ -228,7 +240,8 @@ def _stored_train_result(cfg, run_id: str):
 @click.option("--provider", type=click.Choice(["skypilot", "local"]), default="skypilot", show_default=True,
               help="Where to train; skypilot implies trainer.backend=verl (which has no warm start phase yet: "
                    "warm_start.enabled=false unless you set it).")
-@click.option("--dry-run", is_flag=True, help="Run every offline check, print the task YAML(s) and a cost estimate; launch nothing.")
+@click.option("--dry-run", is_flag=True, help="Run every offline check, print the task YAML(s) and a cost estimate; "
+                                              "launch nothing.")
 @click.option("--rehearse", is_flag=True,
               help="Run the whole flow on a local rehearsal of the cloud: the rendered YAML runs on this machine "
                    "(verl's trainer and vLLM stood in on the CPU); the last check before a real launch.")
@@ -236,7 +249,8 @@ def _stored_train_result(cfg, run_id: str):
               help="With --rehearse: preempt the training nodes once the trainer logs STEP; repeatable.")
 @click.option("--fail-at", "fail_at", type=click.IntRange(min=1), default=None, metavar="STEP",
               help="With --rehearse: the stand-in trainer fails once at STEP (user code), as a real bug would.")
-@click.option("--cluster", default=None, help="Run the next training round on this existing SkyPilot cluster (sky exec).")
+@click.option("--cluster", default=None, help="Run the next training round on this existing SkyPilot cluster (sky "
+                                              "exec).")
 @click.option("--run-id", default=None, help="Resume this run id from its last committed checkpoint; it must exist in "
                                               "the store (default: resume an unfinished run with the same config, "
                                               "else start one).")
@@ -255,7 +269,8 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
     if (preempt_at or fail_at) and not rehearse:
         raise ConfigError("--preempt-at and --fail-at inject faults into a rehearsal; add --rehearse")
     if rehearse and (provider != "skypilot" or dry_run):
-        raise ConfigError("--rehearse rehearses a SkyPilot launch: use it with --provider skypilot and without --dry-run")
+        raise ConfigError("--rehearse rehearses a SkyPilot launch: use it with --provider skypilot and without "
+                          "--dry-run")
     if rehearse and run_id and not fresh:
         raise ConfigError("--rehearse starts from an empty rehearsal store, where no run can be resumed; drop --run-id "
                           "or add --fresh to name the rehearsed run")
@@ -318,10 +333,12 @@ def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt
 @main.command()
 @_config_options
 @click.option("--run-id", required=True, help="The registered run to send again.")
-@click.option("--to", "only", multiple=True, help="Only this mirror (wandb); repeatable. Default: every configured one.")
+@click.option("--to", "only", multiple=True, help="Only this mirror (wandb); repeatable. Default: every configured "
+                                                  "one.")
 @_user_errors
 def mirror(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str, only: tuple[str, ...]) -> None:
-    """Send a registered run's metrics to its optional mirrors again (W&B), e.g. after a mirror failed at registration."""
+    """Send a registered run's metrics to its optional mirrors again (W&B), e.g. after a mirror failed at
+    registration."""
     from verl_grpo.errors import InfraError
     from verl_grpo.registry.mirroring import mirror_run
 
@@ -431,7 +448,8 @@ def _print_versions(cfg, name: str | None, versions: tuple[str, ...], metrics: b
         rows = [r for r in rows if str(r["version"]) in wanted or wanted & set(r["aliases"])]
         missing = wanted - {str(r["version"]) for r in rows} - {a for r in rows for a in r["aliases"]}
         if missing:
-            raise ConfigError(f"model {name or cfg.registered_model_name} has no version or alias {', '.join(sorted(missing))}")
+            raise ConfigError(f"model {name or cfg.registered_model_name} has no version or alias "
+                              f"{', '.join(sorted(missing))}")
     if not rows:
         click.echo(f"no registered versions of {name or cfg.registered_model_name} at {cfg.tracking.mlflow_uri}")
         return
@@ -446,7 +464,8 @@ def _print_versions(cfg, name: str | None, versions: tuple[str, ...], metrics: b
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_user_errors
 def score(dataset: str, file: Path) -> None:
-    """Score responses by hand: each JSONL line {solution_str, ground_truth[, extra_info]} → the line plus its score dict."""
+    """Score responses by hand: each JSONL line {solution_str, ground_truth[, extra_info]} → the line plus its score
+    dict."""
     from verl_grpo.rewards.score_file import score_file
 
     for entry in score_file(dataset, file):

@@ -1,4 +1,5 @@
-"""Evaluation tasks: one task per model (base, warm start, trained), or with eval.shards > 1 one task per shard plus one that scores them."""
+"""Evaluation tasks: one task per model (base, warm start, trained), or with eval.shards > 1 one task per shard plus
+one that scores them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.evaluate import held_out
 from verl_grpo.evaluate.held_out import EvalTarget, RunModel, WarmStartModel
 from verl_grpo.evaluate.runner import EvalShard
+
 
 @task(name="evaluate", **RETRIED_STEP)
 def evaluate(run: ResolvedRun, dataset: DatasetVersion, trained: RunModel) -> EvalReport:

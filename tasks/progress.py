@@ -67,6 +67,7 @@ class TrainingProgressArtifacts:
             update_progress_artifact(self.progress_id, progress.percent,
                                      description=f"{self.run_id}: step {progress.step}/{progress.total_steps}{reward}")
             with get_client(sync_client=True) as client:
-                client.update_artifact(self.rewards_id, ArtifactUpdate(data=rewards_markdown(self.run_id, self.history)))
+                client.update_artifact(self.rewards_id,
+                                       ArtifactUpdate(data=rewards_markdown(self.run_id, self.history)))
         except Exception as e:  # the UI lagging behind must never stop training
             get_run_logger().warning("could not update the training progress artifacts: %s", e)

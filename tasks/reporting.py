@@ -12,11 +12,11 @@ from verl_grpo.chain import Outcome
 from verl_grpo.comparison import EvalTables, compare_to_base
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import EvalReport
-from verl_grpo.models import model_short_name
-from verl_grpo.store import Store
 from verl_grpo.layout import run_reward_curve
+from verl_grpo.models import model_short_name
 from verl_grpo.registry.tracking import read_lines
 from verl_grpo.reward_curve import reward_curve
+from verl_grpo.store import Store
 from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
 
 MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"
@@ -81,7 +81,8 @@ def publish_summary(outcome: Outcome) -> dict:
     summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes, curve,
                            curve_png_location(store, run_id), warm)
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
-    link = f"[{version.mlflow_run_id}]({url})" if url else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)"
+    link = (f"[{version.mlflow_run_id}]({url})" if url
+            else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)")
     logger = get_run_logger()
     cost = [f"cloud cost: {summary['cloud_cost']}"] if summary.get("cloud_cost") else []
     for line in [*outcome_lines(summary), *cost, *curve_lines(summary),

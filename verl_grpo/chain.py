@@ -1,5 +1,5 @@
-"""The pipeline's one chain: prepare → provision → train → evaluate (base, warm start, trained) → register, with teardown
-always and the run marked failed on any error.
+"""The pipeline's one chain: prepare → provision → train → evaluate (base, warm start, trained) → register, with
+teardown always and the run marked failed on any error.
 
 The Prefect flow (flows/verl_grpo.py), `pipeline.run_pipeline` and the CLI's partial commands all run `run_chain`;
 they differ only in the `Steps` that carry out each step: Prefect tasks (retries, logs, artifacts per step) or the
@@ -51,7 +51,8 @@ class Steps(Protocol):
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
         """The base, warm-start (when the run had one) and trained models on the held-out split."""
 
-    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion: ...
+    def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult,
+                 evals: Evals) -> ModelVersion: ...
 
     def teardown(self, run: ResolvedRun, cluster: Cluster) -> None: ...
 

@@ -35,8 +35,14 @@ from tenacity import RetryCallState
 
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.layout import (CHECKPOINT_MANIFEST, STEP_PREFIX, checkpoint_dir, checkpoint_manifest, checkpoints_dir,
-                              step_dir_name)
+from verl_grpo.layout import (
+    CHECKPOINT_MANIFEST,
+    STEP_PREFIX,
+    checkpoint_dir,
+    checkpoint_manifest,
+    checkpoints_dir,
+    step_dir_name,
+)
 from verl_grpo.retry import Backoff, last_error
 from verl_grpo.store import Store
 
@@ -62,8 +68,7 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     """Errors a retry may cure: store/network trouble. botocore's connection errors are not OSErrors."""
     errors: list[type[BaseException]] = [InfraError, OSError]
     try:
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
 
         errors += [BotoConnectionError, HTTPClientError]
     except ImportError:  # file:// stores do not need botocore
@@ -157,8 +162,9 @@ class CheckpointStore:
         return CheckpointRef(run_id=run_id, step=step, uri=self.store.url(base))
 
     def commit_in_place(self, run_id: str, step: int, state: dict[str, Any] | None = None) -> CheckpointRef:
-        """Commit a step dir whose files are already in the store (uploaded by a multi-node run's nodes): hash every file as
-        the store holds it, then write the manifest. The caller first waits until the store holds the whole dir."""
+        """Commit a step dir whose files are already in the store (uploaded by a multi-node run's nodes): hash every
+        file as the store holds it, then write the manifest. The caller first waits until the store holds the whole
+        dir."""
         base = checkpoint_dir(run_id, step)
         listing = self.listing(run_id, step)
         if not listing:
@@ -255,7 +261,8 @@ class CheckpointStore:
         return manifest
 
     def prune(self, run_id: str, keep: int, best_step: int | None = None) -> list[int]:
-        """Delete all but the newest `keep` complete checkpoints (and `best_step`); torn ones older than the newest complete go too."""
+        """Delete all but the newest `keep` complete checkpoints (and `best_step`); torn ones older than the newest
+        complete go too."""
         steps = self.steps(run_id)
         complete = [s for s in steps if self.manifest(run_id, s) is not None]
         kept = set(complete[-keep:]) if keep > 0 else set()
@@ -373,7 +380,8 @@ class BackgroundSaver:
             self._executor.shutdown(wait=True)
 
     def abandon(self) -> None:
-        """The failure path: let the in-flight upload finish (it is a valid checkpoint) and log, not raise, its error."""
+        """The failure path: let the in-flight upload finish (it is a valid checkpoint) and log, not raise, its
+        error."""
         try:
             self.close()
         except Exception as e:  # noqa: BLE001 - the caller is already propagating the error that matters

@@ -175,7 +175,8 @@ def _tiny_corpus() -> Iterator[str]:
     path = data_mirror_dir() / "gsm8k" / "train.jsonl"
     if not path.is_file():
         raise DataError(
-            f"building the tiny model needs {path} (the GSM8K mirror); set VERL_GRPO_DATA_MIRROR to a copy of shared/data"
+            f"building the tiny model needs {path} (the GSM8K mirror); set VERL_GRPO_DATA_MIRROR to a copy of "
+            "shared/data"
         )
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):

@@ -1,4 +1,5 @@
-"""Name → implementation tables (providers, trainers), imported on first use so one backend never imports another's stack."""
+"""Name → implementation tables (providers, trainers), imported on first use so one backend never imports another's
+stack."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, RunNotFound
-from verl_grpo.models import model_short_name
 from verl_grpo.layout import RUNS, run_config, run_record
+from verl_grpo.models import model_short_name
 from verl_grpo.store import Store
 
 RunStatus = Literal["running", "completed", "failed"]

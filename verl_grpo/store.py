@@ -139,7 +139,8 @@ class Store:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise
         except PermissionError as e:
-            raise InfraError(f"store {self.uri}: permission denied on {e.filename or args[0]}; fix the access rights") from e
+            raise InfraError(f"store {self.uri}: permission denied on {e.filename or args[0]}; fix the access "
+                             "rights") from e
         except OSError as e:
             raise InfraError(f"store {self.uri}: {type(e).__name__}: {e}") from e
 

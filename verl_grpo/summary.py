@@ -67,7 +67,8 @@ def cloud_cost_fact(cfg: RunConfig, version: ModelVersion) -> dict[str, str]:
     if version.cloud_cost is not None:
         return {"cloud_cost": version.cloud_cost.line()}
     if cfg.infra.provider != "local" and cfg.skypilot.cluster:
-        return {"cloud_cost": f"not measured: the existing cluster {cfg.skypilot.cluster} is billed whatever runs on it"}
+        return {"cloud_cost": f"not measured: the existing cluster {cfg.skypilot.cluster} is billed whatever runs on "
+                              "it"}
     return {}
 
 
@@ -144,7 +145,8 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
             f"{_fmt(m['grpo_delta'])} | {_p(m, 'grpo_p_value')} |" for m in rows)
     else:
         header = "| metric | base | trained | delta | p-value |\n|---|---|---|---|---|"
-        metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | {_p(m)} |"
+        metrics = "\n".join(f"| {m['metric']} | {_fmt(m['base'])} | {_fmt(m['trained'])} | {_fmt(m['delta'])} | "
+                            f"{_p(m)} |"
                             for m in rows)
     grpo = f"**GRPO's own share:** {summary['grpo']}\n\n" if summary.get("grpo") else ""
     facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items()
@@ -166,7 +168,8 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
 
 def mlflow_ui_command(tracking_uri: str) -> str:
     """The command that serves a local tracking store (this environment's mlflow, which may not be on PATH)."""
-    return f"{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+    mlflow = Path(sys.executable).parent / "mlflow"
+    return f"{mlflow} ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
 
 
 def _p(metric: dict, key: str = "p_value") -> str:
@@ -180,8 +183,8 @@ def _fmt(v: object) -> str:
     return "" if v is None else str(v)
 
 
-VERSION_COLUMNS = ("version", "aliases", "base_model", "accuracy", "delta_accuracy", "steps", "dataset_hash", "decision",
-                   "created")
+VERSION_COLUMNS = ("version", "aliases", "base_model", "accuracy", "delta_accuracy", "steps", "dataset_hash",
+                   "decision", "created")
 
 
 def versions_table(rows: list[dict]) -> str:

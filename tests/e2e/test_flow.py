@@ -16,14 +16,13 @@ import pytest
 import torch
 from mlflow import MlflowClient
 from prefect.testing.utilities import prefect_test_harness
+from sharded_evals import check_sharded_evals
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl_grpo import runs
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.store import Store
-
-from sharded_evals import check_sharded_evals
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 from prefect.testing.utilities import prefect_test_harness
-
 from sharded_evals import check_sharded_evals
+
 from verl_grpo.config import OrchestrationConfig
 
 pytestmark = pytest.mark.e2e

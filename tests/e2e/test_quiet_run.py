@@ -2,8 +2,9 @@
 
 One tiny-model run through the installed CLI in a child process, in a user's environment (`first_cli_run`: none of
 the switches the product sets, no CI or pytest markers: MLflow and Prefect stay quiet in CI on their own, which would
-hide a missing switch). `tests/egress_hook/sitecustomize.py` (tests/loopback_only.py), first on PYTHONPATH, loads in every Python process of the run
-(the CLI, Prefect's ephemeral API server, the trainer worker, anything they start) and records each attempt to
+hide a missing switch). `tests/egress_hook/sitecustomize.py` (tests/loopback_only.py), first on PYTHONPATH, loads in
+every Python process of the run (the CLI, Prefect's ephemeral API server, the trainer worker, anything they start) and
+records each attempt to
 reach an address outside 127.0.0.0/8 and ::1, or to look up a name that is not localhost.
 """
 
@@ -15,9 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import loopback_only
+import pytest
 from user_env import user_env
 
 pytestmark = pytest.mark.e2e

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sky_home import sky_home
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 from tiny_data import write_gsm8k_split
 
 from verl_grpo.config import load_config

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from verl_grpo.checkpoints import CheckpointStore
-from verl_grpo.layout import CHECKPOINT_MANIFEST as MANIFEST
 from verl_grpo.errors import InfraError
+from verl_grpo.layout import CHECKPOINT_MANIFEST as MANIFEST
 from verl_grpo.store import Store
 
 

@@ -11,8 +11,8 @@ from tasks.reporting import eval_table, mlflow_local_note, mlflow_run_url, summa
 from verl_grpo import runs
 from verl_grpo.config import load_config
 from verl_grpo.contracts import EvalReport
-from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.store import Store
+from verl_grpo.trainers.protocol import TrainProgress
 
 
 def test_rewards_markdown_keeps_the_latest_rows():

@@ -78,7 +78,8 @@ def test_resubmit_reattaches_to_a_live_job(provider):
 def test_reported_error_type_is_carried(provider):
     cluster = provider.up(load_config([], env={}), "r1")
     code = ("import json, sys\n"
-            "json.dump({'type': 'DataError', 'message': 'train split is empty', 'retryable': False}, open('error.json', 'w'))\n"
+            "json.dump({'type': 'DataError', 'message': 'train split is empty', 'retryable': False}, "
+            "open('error.json', 'w'))\n"
             "sys.exit(2)")
     state = _wait(provider, provider.submit(cluster, _spec(code)))
     assert state.phase == "FAILED" and state.error_type == "DataError"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.entities import LoggedModelStatus
 from metrics_lines import trl_lines
+from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
-from registry_runs import N, SPLIT, correct_first, make_env, make_run, register, stored_report
+from registry_runs import SPLIT, N, correct_first, make_env, make_run, register, stored_report
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.reporting import curve_png_location

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
-from verl_grpo.rehearsal import sky_boundary as sky
+from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT, sky_boundary as sky
 
 REPO = Path(__file__).resolve().parents[2]
 

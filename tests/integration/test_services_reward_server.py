@@ -25,7 +25,8 @@ def test_scores_equal_in_process_scoring(client):
         {"data_source": "gsm8k", "solution_str": GOOD, "ground_truth": "42"},
         {"data_source": "openai/gsm8k", "solution_str": "the answer is 41", "ground_truth": "42"},
         {"data_source": "math", "solution_str": "<think>x</think><answer>\\frac{1}{2}</answer>", "ground_truth": "0.5"},
-        {"data_source": "mbpp", "solution_str": "<think>t</think><answer>```python\ndef f(x):\n    return x\n```</answer>",
+        {"data_source": "mbpp", "solution_str": "<think>t</think><answer>```python\ndef f(x):\n    return "
+                                                "x\n```</answer>",
          "ground_truth": '{"test_list": ["assert f(1) == 1"], "test_setup_code": "", "challenge_test_list": []}'},
     ]
     r = client.post("/batch_reward", json={"items": items}, headers=AUTH)

@@ -17,8 +17,7 @@ import pytest
 from verl_grpo.config import load_config
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.provider import rendered_secret_names
-from verl_grpo.rehearsal import ENV_DIR
-from verl_grpo.rehearsal import sky_boundary as sky
+from verl_grpo.rehearsal import ENV_DIR, sky_boundary as sky
 from verl_grpo.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]

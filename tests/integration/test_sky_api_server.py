@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sky_home import sky_home
 
 SCRIPT = r'''

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sky_home import sky_home
 
 SCRIPT = r'''

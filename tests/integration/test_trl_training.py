@@ -13,10 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from verl_grpo.checkpoints import CheckpointStore
 from tiny_data import write_gsm8k_split
 
+from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.contracts import Cluster, TrainResult, TrainSpec
 from verl_grpo.errors import ConfigError

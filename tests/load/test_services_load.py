@@ -93,7 +93,8 @@ ABUSE = [
     ("malformed json", {"content": b'{"items": [{"data_source": "gsm8k",'}, 400),
     ("not json at all", {"content": b"\x00\x01\x02garbage"}, 400),
     ("invalid utf-8", {"content": b'{"items": [{"data_source": "\xff\xfe", "solution_str": "x"}]}'}, 400),
-    ("lone surrogates", {"content": b'{"items": [{"data_source": "gsm8k", "solution_str": "\\ud800\\udfff\\ud800"}]}'}, 422),
+    ("lone surrogates", {"content": b'{"items": [{"data_source": "gsm8k", "solution_str": '
+                                    b'"\\ud800\\udfff\\ud800"}]}'}, 422),
     ("wrong types", {"json": {"items": "all of them"}}, 422),
     ("deep nesting", {"content": b"[" * 5000 + b"]" * 5000}, 400),
     ("oversized body", {"content": b'{"items": [' + b" " * (MAX_BODY + 10) + b"]}"}, 413),

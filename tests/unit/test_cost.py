@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sky_home import sky_home
 
 # A cloud that sells spot, in SkyPilot's RunPod catalog format: H100:8 cheaper on demand in US, on spot in CA.

@@ -7,8 +7,14 @@ import re
 
 import pytest
 
-from flows.deploy_steps import (NIGHTLY_ORDER, flow_run_environment, gpu_overrides, gpu_store, nightly_schedule,
-                                nightly_schedules)
+from flows.deploy_steps import (
+    NIGHTLY_ORDER,
+    flow_run_environment,
+    gpu_overrides,
+    gpu_store,
+    nightly_schedule,
+    nightly_schedules,
+)
 from verl_grpo.errors import ConfigError
 from verl_grpo.services.reward_client import RETRIES_ENV, TIMEOUT_ENV, _client_settings
 

@@ -22,7 +22,8 @@ def test_a_key_reads_back_as_its_line_and_a_foreign_value_as_none():
 def test_the_reason_is_one_line_also_for_a_champion_of_unknown_line():
     reason = other_line_reason("v3", None, "v4", Line.of("tiny", "gsm8k"))
     assert reason == ("not promoted: champion v3 was of an unknown base model (its version has no line tags), v4 from "
-                      "tiny on gsm8k; register under tracking.registered_model=verl-grpo-gsm8k-tiny to keep lines apart")
+                      "tiny on gsm8k; register under tracking.registered_model=verl-grpo-gsm8k-tiny to keep lines "
+                      "apart")
 
 
 def test_a_directory_this_package_built_is_the_model_it_holds(tmp_path, tiny_model_dir):

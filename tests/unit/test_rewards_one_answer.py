@@ -8,8 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 from fractions import Fraction
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from verl_grpo.rewards import compute_score
 from verl_grpo.rewards.gsm8k import format_value

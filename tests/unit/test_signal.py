@@ -1,4 +1,5 @@
-"""Learning-signal diagnostics: the no-signal watch, its causes, and each backend's metric names mapped to one vocabulary."""
+"""Learning-signal diagnostics: the no-signal watch, its causes, and each backend's metric names mapped to one
+vocabulary."""
 
 from __future__ import annotations
 

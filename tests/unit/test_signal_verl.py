@@ -9,7 +9,6 @@ from verl_grpo.config import load_config
 from verl_grpo.errors import TrainingError
 from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD, TIED_GROUP_SHARE
 
-
 VERL_STEP = {"critic/score/mean": 0.0, "critic/score/max": 0.0, "critic/score/min": 0.0,
              "critic/advantages/max": 0.0, "critic/advantages/min": 0.0, "actor/pg_loss": 0.0,
              "response_length/mean": 16.0, "response_length/clip_ratio": 1.0, "actor/lr": 1e-6}

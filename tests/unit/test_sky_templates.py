@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rendered_tasks import CKPT_MOUNT, MOUNT, SERVICES_ON, render, shape_config
+from rendered_tasks import CKPT_MOUNT, MOUNT, render, shape_config
 
-from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import node_imports, templates
@@ -69,9 +68,11 @@ def test_job_group_services_and_discovery():
 def test_trainer_restores_before_and_finalizes_after_main_ppo():
     trainer = list(yaml.safe_load_all(_render("job_group", {}).yaml))[-1]
     run = trainer["run"]
-    restore = run.index("python -m verl_grpo.trainers.verl.restore --dataset-uri s3://bucket/store/datasets/gsm8k/abc123")
+    restore = run.index("python -m verl_grpo.trainers.verl.restore --dataset-uri "
+                        "s3://bucket/store/datasets/gsm8k/abc123")
     train = run.index("python -m verl.trainer.main_ppo")
-    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size \"$TRAIN_BATCH_SIZE\"")
+    finalize = run.index("python -m verl_grpo.trainers.verl.finalize --backend fsdp2 --train-batch-size "
+                         "\"$TRAIN_BATCH_SIZE\"")
     assert restore < run.index('if [ "$SKYPILOT_NODE_RANK" = "0" ]') < train < finalize
     assert trainer["envs"]["VERL_GRPO_STORE_URI"] == "s3://bucket/store"
     assert trainer["envs"]["VERL_GRPO_CHECKPOINT_DIR"] == "/tmp/verl-grpo/checkpoints/run-1"

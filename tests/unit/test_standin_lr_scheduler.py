@@ -22,5 +22,6 @@ def test_verl_schedules_warm_up(kind):
 
 
 def test_an_unknown_schedule_names_the_field_in_one_line():
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.optim\.lr_scheduler_type='wsd'.*constant or cosine"):
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.optim\.lr_scheduler_type='wsd'.*constant or "
+                                          r"cosine"):
         StandinActor._build_lr_scheduler(_actor("wsd"))

@@ -9,6 +9,6 @@ from verl_grpo.config.loader import ALL_KNOBS, DEFAULT_PROFILES, ENV_KNOBS, conf
 from verl_grpo.config.schema import AlgorithmConfig, DatasetConfig, OrchestrationConfig, RunConfig, StorageConfig
 
 __all__ = [
-    "ALL_KNOBS", "DEFAULT_PROFILES", "ENV_KNOBS", "AlgorithmConfig", "DatasetConfig", "OrchestrationConfig", "RunConfig",
-    "StorageConfig", "config_files", "load_config",
+    "ALL_KNOBS", "DEFAULT_PROFILES", "ENV_KNOBS", "AlgorithmConfig", "DatasetConfig", "OrchestrationConfig",
+    "RunConfig", "StorageConfig", "config_files", "load_config",
 ]

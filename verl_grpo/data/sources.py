@@ -121,7 +121,8 @@ def load_raw(dcfg: DatasetConfig, builder: DatasetBuilder) -> RawSource:
             else f"a mirror exists at {str(mirror)!r}"
         )
         raise DataError(
-            f"dataset {dcfg.name}: loading from the Hugging Face hub failed ({type(e).__name__}: {' '.join(str(e).split())}) "
+            f"dataset {dcfg.name}: loading from the Hugging Face hub failed ({type(e).__name__}: "
+            f"{' '.join(str(e).split())}) "
             f"and {where}; "
             f"fix: set dataset.source=mirror with dataset.mirror_dir pointing at a copy holding "
             f"{', '.join(builder.mirror_files)}, or run where the hub is reachable (dataset.source=hub)"

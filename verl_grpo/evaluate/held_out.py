@@ -37,6 +37,7 @@ from verl_grpo.layout import eval_report, warm_start_model_dir, warm_start_resul
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 
+
 @dataclass(frozen=True)
 class RunModel:
     """A run's trained model: what a sharded eval of the trained model names (None names the base model)."""

@@ -6,12 +6,10 @@ import hashlib
 import re
 from pathlib import Path
 
-
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.models import cached_build, model_short_name, resolve_model
 from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
-
 
 
 def resolve_model_dir(model: str, store: Store) -> Path:

@@ -88,7 +88,8 @@ def check_login(key: str, url: str, timeout: float = LOGIN_TIMEOUT_S) -> Login:
     response = answer.get("response")
     if not isinstance(response, requests.Response):
         error = answer.get("error")
-        return Login("unreachable", f"{url} could not be reached ({_why(error) if error else f'no answer in {timeout:g} s'})")
+        return Login("unreachable", f"{url} could not be reached "
+                                    f"({_why(error) if error else f'no answer in {timeout:g} s'})")
     if response.status_code in (401, 403):
         return Login("rejected", f"{url} rejected it (HTTP {response.status_code})")
     if response.status_code != 200:
@@ -153,7 +154,8 @@ def mirror_to_wandb(run: RunMetrics) -> str:
             if line.strip():
                 record = json.loads(line)
                 step = int(record.pop("step"))
-                numbers = {f"train/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                numbers = {f"train/{k}": v for k, v in record.items()
+                           if isinstance(v, (int, float)) and not isinstance(v, bool)}
                 wb.log(numbers, step=step)
         wb.summary.update(dict(run.summary))
         return wb.url or wb.dir

@@ -8,8 +8,8 @@ can neither displace the SmolLM2 champion nor be displaced by it.
 
 What must match, and what may differ:
 - hard (the key): the base model, by canonical id (the spellings of SmolLM2 are one model, and so are `tiny` and
-  the directory it is built in; an HF id; another local directory as given) and the dataset name. Different starting points or tasks are different products, and
-  no re-evaluation turns one into the other.
+  the directory it is built in; an HF id; another local directory as given) and the dataset name. Different starting
+  points or tasks are different products, and no re-evaluation turns one into the other.
 - reconciled by re-evaluation: the eval settings (split, subset = limit + seed, generation budget, samples,
   temperature, top_p) and the dataset version. All of them are in the eval settings key (evaluate.runner.plan_eval
   hashes the dataset hash, split, subset and generation parameters); when it differs from the champion's, the

@@ -15,7 +15,6 @@ from verl_grpo.registry.lines import BASE_MODEL_TAG, COMPARABILITY_TAG
 from verl_grpo.registry.register import DECISION_TAG, FINAL_STEP_METRIC, SETTINGS_TAG
 from verl_grpo.registry.tracking import RUN_ID_TAG, client_for, infra_errors
 
-
 EVAL_PREFIX = "eval/"
 
 
@@ -68,7 +67,8 @@ def _rows(client: MlflowClient, name: str) -> list[dict[str, Any]]:
             "settings_key": tags.get(SETTINGS_TAG, ""),
             "created": datetime.fromtimestamp(v.creation_timestamp / 1000, UTC).isoformat(timespec="seconds"),
             "mlflow_run_id": v.run_id,
-            "eval": {k.removeprefix(EVAL_PREFIX): val for k, val in sorted(metrics.items()) if k.startswith(EVAL_PREFIX)},
+            "eval": {k.removeprefix(EVAL_PREFIX): val for k, val in sorted(metrics.items())
+                     if k.startswith(EVAL_PREFIX)},
         })
     return sorted(rows, key=lambda r: r["version"], reverse=True)
 

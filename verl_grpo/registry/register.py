@@ -19,9 +19,9 @@ from verl_grpo.comparison import EvalTables, MetricChange, compare_to_base, grpo
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
+from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.mirrors import RunMetrics
 from verl_grpo.registry import plots, tracking
-from verl_grpo.registry.mirroring import mirror_registered
 from verl_grpo.registry.lines import (
     BASE_MODEL_TAG,
     COMPARABILITY_TAG,
@@ -30,6 +30,7 @@ from verl_grpo.registry.lines import (
     run_line,
     version_line,
 )
+from verl_grpo.registry.mirroring import mirror_registered
 from verl_grpo.registry.promotion import FIRST, INCOMPARABLE, OTHER_LINE, PROMOTED, Decision, decide
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.registry.versions import (
@@ -39,7 +40,6 @@ from verl_grpo.registry.versions import (
     log_hf_model,
     version_by_alias,
 )
-from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
 from verl_grpo.trainers.signal import decision_note, run_findings
@@ -83,8 +83,9 @@ def register_run(
 
     The new version gets alias `challenger` unless the champion is of another line (base model, dataset: see
     registry.lines; then it is registered and nothing else); `champion` moves to it when there is none yet, or
-    when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`. `champion_report` is
-    the champion re-evaluated with this run's settings, for when the champion's own eval used other settings.
+    when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`.
+    `champion_report` is the champion re-evaluated with this run's settings, for when the champion's own eval used other
+    settings.
     `cloud_cost` (the run's actual cloud cost, SkyPilot provider) goes on the run as `cloud/*` metrics and
     `cloud.*` params. `warm_start_report` (the run's warm-start model, when it had one) goes beside base and trained
     (`warm_start/*`, paired p-values under `pvalue/*`), and the decision says what GRPO added over it.
@@ -117,8 +118,8 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     tables = EvalTables(store)
     changes = compare_to_base(report, base_report, tables, warm_start_report) if base_report is not None else []
     summary = eval_summary(report, base_report, warm_start_report)
-    tracking.log_metrics(client, mlflow_run_id, {**summary, **p_value_metrics(changes), FINAL_STEP_METRIC: train.final_step},
-                         step=train.final_step, model_id=model.model_id)
+    metrics = {**summary, **p_value_metrics(changes), FINAL_STEP_METRIC: train.final_step}
+    tracking.log_metrics(client, mlflow_run_id, metrics, step=train.final_step, model_id=model.model_id)
     _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, {"": report, "base-": base_report,
                    "warm_start-": warm_start_report}, store, tables, train.metrics_uri)
     if cloud_cost is not None:

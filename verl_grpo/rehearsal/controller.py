@@ -35,11 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
 from verl_grpo.providers.skypilot.checks import profile_with_keys
+from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
 from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
-from verl_grpo.rehearsal.node_env import ENV_BASE_ENV
 from verl_grpo.rehearsal.network import JobNetwork, listening_on_host, loopback_ports
+from verl_grpo.rehearsal.node_env import ENV_BASE_ENV
 from verl_grpo.rehearsal.shims import write_shims
 from verl_grpo.rehearsal.sky_boundary import (
     PACKAGE_ROOT,
@@ -672,7 +672,8 @@ def _agent_script(state: Path, node_tmp: Path, cwd: Path, run_setup: bool, view:
     setup = f"bash {s}/setup.sh; rc=$?" if run_setup else "rc=0"
     return f"""#!/bin/bash
 # rehearsal node agent: PID 1 of this node's namespaces
-{' && '.join(mounts)} || {{ echo "rehearsal: could not set up the node's mounts"; echo 97 > {s}/setup.rc; exec sleep infinity; }}
+{' && '.join(mounts)} || {{ echo "rehearsal: could not set up the node's mounts"; echo 97 > {s}/setup.rc; \
+exec sleep infinity; }}
 cd {q(str(cwd))}
 {setup}
 echo $rc > {s}/setup.rc.tmp && mv {s}/setup.rc.tmp {s}/setup.rc

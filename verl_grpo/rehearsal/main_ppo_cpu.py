@@ -3,7 +3,8 @@
 A local rehearsal of a SkyPilot launch runs this instead of `python -m verl.trainer.main_ppo` with the very same
 Hydra overrides. Everything of verl that runs on a CPU is verl's own (config compose + validate_config, dataset,
 sampler, StatefulDataLoader, reward loader, GRPO advantage, policy loss, optimizer/LR schedule, FSDP2 wrapping,
-FSDPCheckpointManager, Tracking console/file loggers (and mlflow if named), the checkpoint callback builder, resume_mode=auto);
+FSDPCheckpointManager, Tracking console/file loggers (and mlflow if named), the checkpoint callback builder,
+resume_mode=auto);
 the trainer loop mirrors verl 0.9.1's v1 `PPOTrainer.fit` / `_save_checkpoint` / `_load_checkpoint`. Rollouts
 use HF `generate` instead of vLLM, one process instead of Ray workers, and there is no validation pass.
 

@@ -1,6 +1,7 @@
 """Commands on a rehearsal node's PATH that stand in for what needs GPUs or the network: python, pip and uv.
 
-Stood in: `python -m verl.trainer.main_ppo` and the rollout group's `python -m verl_grpo.trainers.verl.fully_async_entry`
+Stood in: `python -m verl.trainer.main_ppo` and the rollout group's `python -m
+verl_grpo.trainers.verl.fully_async_entry`
 (exec'd as their CPU stand-in modules, in the node's environment), `pip install` / `uv pip install` (each
 requirement is checked offline against this machine's installed packages, then linked with its dependencies into
 the node's environment instead of downloaded, see `node_env`; GPU-only packages are reported and stood in) and
@@ -26,8 +27,7 @@ from packaging.utils import canonicalize_name
 
 from verl_grpo.dependency_closure import resolve
 from verl_grpo.pip_args import install_args
-from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE
-from verl_grpo.rehearsal import node_env
+from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE, node_env
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
 FULLY_ASYNC_ENTRY = "verl_grpo.trainers.verl.fully_async_entry"

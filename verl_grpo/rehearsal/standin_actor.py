@@ -4,8 +4,8 @@ What is verl's own: FSDP2 wrapping (`apply_fsdp2`, world size 1 on a gloo proces
 (`build_optimizer`) and LR schedule of verl's FSDP engine, `FSDPCheckpointManager` (so the actor checkpoint
 files, `fsdp_config.json`, `huggingface/` and the max_actor_ckpt_to_keep rotation are verl's), GRPO advantages
 (`compute_grpo_outcome_advantage`), the policy loss (`get_policy_loss_fn(actor.policy_loss.loss_mode)`),
-log-probs/entropy (torch's grad clipping: verl's FSDP2 variant moves the norm to CUDA). What stands in: HF `generate` for vLLM rollouts, and one process
-instead of Ray worker groups.
+log-probs/entropy (torch's grad clipping: verl's FSDP2 variant moves the norm to CUDA). What stands in: HF `generate`
+for vLLM rollouts, and one process instead of Ray worker groups.
 """
 
 from __future__ import annotations

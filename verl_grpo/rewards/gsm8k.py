@@ -112,7 +112,8 @@ def parse_ground_truth(ground_truth: object) -> Fraction:
     text = str(ground_truth).strip().replace(",", "")
     if not _PLAIN_NUMBER.fullmatch(text):
         raise DataError(
-            f"gsm8k ground_truth {ground_truth!r} is not a number; reward_model.ground_truth must be the value after '####'"
+            f"gsm8k ground_truth {ground_truth!r} is not a number; reward_model.ground_truth must be the value after "
+            "'####'"
         )
     num, _, den = text.partition("/")
     return Fraction(num) / (Fraction(den) if den else 1)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import re
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
 from functools import lru_cache
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -128,7 +127,8 @@ def compute_score(solution_str: str, ground_truth: object) -> dict:
     """verl-style result: `score`, the components, `acc` and `pred`."""
     gold = str(ground_truth).strip()
     if not gold:
-        raise DataError("math ground_truth is empty; reward_model.ground_truth must hold the LaTeX answer, e.g. \\frac{1}{2}")
+        raise DataError("math ground_truth is empty; reward_model.ground_truth must hold the LaTeX answer, e.g. "
+                        "\\frac{1}{2}")
     r = parse_response(solution_str)
     pred = extract_answer(r)
     correct = is_equivalent(gold, pred)[0] if pred is not None else False

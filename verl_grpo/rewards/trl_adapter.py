@@ -68,7 +68,8 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, dict):
         return str(completion.get("content") or "")
     if isinstance(completion, (list, tuple)):
-        parts = [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        parts = [m.get("content") or "" for m in completion
+                 if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
         return "".join(p if isinstance(p, str) else _content_text(p) for p in parts)
     raise DataError(f"completion of type {type(completion).__name__} is neither text nor a list of chat messages")
 
@@ -86,7 +87,8 @@ class ComponentReward:
         self.component = component
         self.__name__ = component
 
-    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
+                 **kwargs: Any) -> list[float]:
         if completions is None:
             raise DataError("TRL passed no completions to the reward function")
         reward_model = kwargs.get("reward_model")

@@ -25,9 +25,8 @@ from pydantic import BaseModel, Field
 
 from verl_grpo.contracts import DatasetVersion
 from verl_grpo.data.prepare import load_split, version_from_manifest
-from verl_grpo.layout import DATASET_MANIFEST as MANIFEST
-from verl_grpo.layout import dataset_dir, dataset_versions
 from verl_grpo.errors import DataError
+from verl_grpo.layout import DATASET_MANIFEST as MANIFEST, dataset_dir, dataset_versions
 from verl_grpo.services import SERVICES
 from verl_grpo.services.http import (
     ERROR_RESPONSES,
@@ -134,7 +133,8 @@ class DataServer:
     def rows(self, split: str) -> list[dict[str, Any]]:
         if split not in self.dataset.splits:
             raise ServiceError(422, "unknown_split", f"split {split!r} is not in dataset {self.dataset.name} "
-                                                     f"{self.dataset.hash}; available: {', '.join(self.dataset.splits)}")
+                                                     f"{self.dataset.hash}; available: "
+                                                     f"{', '.join(self.dataset.splits)}")
         if split not in self._rows:
             self._rows[split] = load_split(self.dataset, split, self.store).to_dict("records")
         return self._rows[split]
@@ -190,7 +190,8 @@ def find_dataset(store: Store, dataset_uri: str | None = None, name: str | None 
             if newest is None or manifest.get("created_at", "") > newest[0]:
                 newest = (manifest.get("created_at", ""), rel, manifest)
     if newest is None:
-        raise DataError(f"no prepared version of dataset {name!r} in {store.uri}; run `verl-grpo prepare --dataset {name}`")
+        raise DataError(f"no prepared version of dataset {name!r} in {store.uri}; run `verl-grpo prepare --dataset "
+                        f"{name}`")
     return version_from_manifest(store, newest[1], newest[2])
 
 

@@ -133,7 +133,8 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _too_large(self, scope: dict, receive: Callable, send: Callable) -> None:
-        response = error_json(413, "body_too_large", f"request body exceeds {self.max_bytes} bytes; send smaller batches")
+        response = error_json(413, "body_too_large", f"request body exceeds {self.max_bytes} bytes; send smaller "
+                                                     "batches")
         await response(scope, receive, send)
 
 
@@ -186,7 +187,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_json(400, "invalid_json", "request body is not valid JSON (UTF-8)")
-        details = [{"loc": ".".join(str(p) for p in e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        details = [{"loc": ".".join(str(p) for p in e.get("loc", ())), "msg": e.get("msg", ""),
+                    "type": e.get("type", "")}
                    for e in errors[:20]]
         fields = ", ".join(d["loc"] for d in details[:5])
         return error_json(422, "invalid_request", f"request does not match the schema at: {fields}", details)
@@ -208,10 +210,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> SafeJSONResponse:
         logger.exception("%s %s failed", request.method, request.url.path)
-        return error_json(500, "internal_error", f"{type(exc).__name__} while handling the request (see the server log)")
+        return error_json(500, "internal_error", f"{type(exc).__name__} while handling the request (see the server "
+                                                 "log)")
 
 
-# ---- the `serve` CLI ---------------------------------------------------------------------------------------------------
+# ---- the `serve` CLI -------------------------------------------------------------------------------------------------
 
 def serve_options(default_port: int) -> Callable:
     """Click options every `serve` command shares."""

@@ -56,7 +56,8 @@ def service_command(name: str, cfg: RunConfig, port: int, run_id: str, dataset_u
             "--exit-with-parent", *service_settings_args(name, cfg, run_id, dataset_uri)]
 
 
-def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path, dataset_uri: str | None = None) -> ServiceGroup | None:
+def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path,
+                         dataset_uri: str | None = None) -> ServiceGroup | None:
     """Start (or reuse) the services in cfg.services.enabled; None when none are enabled.
 
     Raises InfraError (retryable) when a service does not become healthy within startup_timeout_s, and

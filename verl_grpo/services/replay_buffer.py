@@ -123,7 +123,8 @@ class ReplayBuffer:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.items = OrderedDict((item[0], Entry(*item)) for item in state["items"])  # [id, reward, data, version?]
-        self.next_id, self.added_total, self.evicted_total = state["next_id"], state["added_total"], state["evicted_total"]
+        self.next_id, self.added_total = state["next_id"], state["added_total"]
+        self.evicted_total = state["evicted_total"]
         self.retired_total = state.get("retired_total", 0)
         while len(self.items) > self.capacity:  # restarted with a smaller capacity
             self.items.popitem(last=False)
@@ -277,7 +278,8 @@ class RetireResponse(BaseModel):
 
 def build_app(buffer: PersistentReplayBuffer, token: str | None, max_body_bytes: int, max_sample: int = 65536):
     app, auth = create_app(SPEC.task, token, max_body_bytes,
-                           description="Bounded replay buffer with reward-prioritised sampling, persisted to the store.",
+                           description="Bounded replay buffer with reward-prioritised sampling, persisted to the "
+                                       "store.",
                            health_info=buffer.stats)
     router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
@@ -298,7 +300,8 @@ def build_app(buffer: PersistentReplayBuffer, token: str | None, max_body_bytes:
             raise ServiceError(409, "empty", "the replay buffer is empty; POST /add items first")
         entries, probs = buffer.sample(request.size, request.alpha, request.unique, request.min_policy_version,
                                        frozenset(request.exclude_ids))
-        items = [SampledItem(id=e.id, reward=e.reward, data=e.data, probability=float(p)) for e, p in zip(entries, probs)]
+        items = [SampledItem(id=e.id, reward=e.reward, data=e.data, probability=float(p))
+                 for e, p in zip(entries, probs)]
         return SampleResponse(items=items, size=len(buffer.buffer.items))
 
     @router.post("/retire", response_model=RetireResponse)

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from verl_grpo.errors import ConfigError, DataError
-from verl_grpo.paths import data_mirror_dir
 from verl_grpo.layout import retrieval_index_dir
+from verl_grpo.paths import data_mirror_dir
 from verl_grpo.store import Store
 
 META_FILE = "meta.json"

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
+from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
 from verl_grpo.services.http import (
     ERROR_RESPONSES,
@@ -39,7 +40,6 @@ from verl_grpo.services.retrieval_index import (
     sample_questions,
 )
 from verl_grpo.services.state import open_store
-from verl_grpo.errors import DataError
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
               max_top_k: int = 50, max_queries: int = 256):
     app, auth = create_app(SPEC.task, token, max_body_bytes,
                            description="Dense passage retrieval (MiniLM + FAISS) for Search-R1 style tool use.",
-                           health_info=lambda: {k: retriever.index.meta[k] for k in ("name", "kind", "passages", "model")})
+                           health_info=lambda: {k: retriever.index.meta[k]
+                                                for k in ("name", "kind", "passages", "model")})
     router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
     @router.post("/retrieve", response_model=RetrieveResponse)
@@ -97,7 +98,8 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
                                                         f"{max_queries}; split the batch")
         for i, q in enumerate(request.queries):
             if not q.strip() or len(q) > MAX_QUERY_CHARS:
-                raise ServiceError(422, "invalid_query", f"queries[{i}] must be 1..{MAX_QUERY_CHARS} non-blank characters")
+                raise ServiceError(422, "invalid_query", f"queries[{i}] must be 1..{MAX_QUERY_CHARS} non-blank "
+                                                         "characters")
         results = retriever.retrieve(request.queries, k)
         # One line per call: the search tool's traffic, readable in the service log (query cut to 80 characters).
         logger.info("search: %d quer%s, top_k=%d, first %r -> %s", len(request.queries),
@@ -138,10 +140,13 @@ def cli() -> None:
 
 def _index_options(fn):
     fn = click.option("--store-endpoint", default=None, help="S3 endpoint (default: $VERL_GRPO_STORE_ENDPOINT).")(fn)
-    fn = click.option("--store-uri", default=None, help="Store root (default: $VERL_GRPO_STORE_URI, else the local store).")(fn)
+    fn = click.option("--store-uri", default=None, help="Store root (default: $VERL_GRPO_STORE_URI, else the local "
+                                                        "store).")(fn)
     fn = click.option("--kind", type=click.Choice(["hnsw", "flat"]), default="hnsw", show_default=True)(fn)
-    fn = click.option("--corpus", default=None, help="SQuAD-format JSON, a path or a file:// / s3:// URI (default: <data mirror>/squad/dev-v1.1.json).")(fn)
-    fn = click.option("--index", "index_name", default="squad-dev", show_default=True, envvar="VERL_GRPO_RETRIEVAL_INDEX",
+    fn = click.option("--corpus", default=None, help="SQuAD-format JSON, a path or a file:// / s3:// URI (default: "
+                                                     "<data mirror>/squad/dev-v1.1.json).")(fn)
+    fn = click.option("--index", "index_name", default="squad-dev", show_default=True,
+                      envvar="VERL_GRPO_RETRIEVAL_INDEX",
                       help="Index name in the store (retrieval/<name>/).")(fn)
     return fn
 
@@ -159,7 +164,8 @@ def build_index_cmd(index_name, corpus, kind, store_uri, store_endpoint, limit, 
     embedder = Embedder()
     started = time.perf_counter()
     with tqdm(total=len(passages), desc=f"embedding {index_name}", unit="passage") as bar:
-        index = build_index(store, index_name, passages, embedder, kind, corpus=str(corpus or "squad dev"), progress=bar)
+        index = build_index(store, index_name, passages, embedder, kind, corpus=str(corpus or "squad dev"),
+                            progress=bar)
     click.echo(f"index {index_name} ({kind}, {len(passages)} passages) written to {store.url('retrieval', index_name)} "
                f"in {time.perf_counter() - started:.1f}s")
     if eval_questions:

@@ -42,7 +42,8 @@ class SequenceClassifierReward:
     def score(self, responses: Sequence[str], prompts: Sequence[str | None]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for start in range(0, len(responses), self.batch_size):
-            out += self._score_batch(responses[start : start + self.batch_size], prompts[start : start + self.batch_size])
+            end = start + self.batch_size
+            out += self._score_batch(responses[start:end], prompts[start:end])
         return out
 
     def _score_batch(self, responses: Sequence[str], prompts: Sequence[str | None]) -> list[dict[str, Any]]:

@@ -62,7 +62,8 @@ class SearchTool(BaseTool):
                                                         timeout_s=self.timeout_s, retries=self.retries)
         return self._clients[loop_id]
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
+    async def execute(self, instance_id: str, parameters: dict[str, Any],
+                      **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         query = parameters.get("query")
         if not isinstance(query, str) or not query.strip():
             return ToolResponse(text="Error: 'query' must be a non-empty string."), 0.0, {"error": "bad_query"}

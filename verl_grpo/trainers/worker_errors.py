@@ -8,12 +8,11 @@ import os
 import shutil
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from verl_grpo.checkpoints import permanent_error
 from verl_grpo.errors import ConfigError, DataError, InfraError, TrainingError, VerlGrpoError
-from collections.abc import Callable
-
 from verl_grpo.trainers.protocol import ERROR_FILE, EXIT_USER_ERROR, RESULT_FILE, exit_code, write_json_atomic
 
 

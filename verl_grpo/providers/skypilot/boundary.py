@@ -185,7 +185,8 @@ def queue() -> list[JobRecord]:
 
 
 def cluster_status(cluster_name: str) -> str | None:
-    """The `sky.ClusterStatus` value (UP, INIT, STOPPED) of an existing cluster; None when SkyPilot has no such cluster."""
+    """The `sky.ClusterStatus` value (UP, INIT, STOPPED) of an existing cluster; None when SkyPilot has no such
+    cluster."""
     import sky
 
     records = sky.get(sky.status(cluster_names=[cluster_name]))

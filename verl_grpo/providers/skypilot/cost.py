@@ -101,7 +101,8 @@ class CostEstimate:
         for c in self.rows:
             spot = f"${c.spot:,.2f}" if c.spot is not None else "no spot"
             over = f"${c.spot_overhead:,.2f}" if c.spot is not None else "-"
-            lines.append(f"  {c.cloud:<10} {c.region:<18} {c.instance_type:<24} {'$' + format(c.on_demand, ',.2f'):>12} "
+            lines.append(f"  {c.cloud:<10} {c.region:<18} {c.instance_type:<24} "
+                         f"{'$' + format(c.on_demand, ',.2f'):>12} "
                          f"{spot:>12} {over:>17}")
         if self.left_off:
             lines.append(f"  ... {self.left_off} more offer(s) left off")

@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion
 from verl_grpo.errors import ConfigError, DataError
+from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.checks import (
     check_data,
@@ -41,7 +42,6 @@ from verl_grpo.providers.skypilot.checks import (
     require_remote_store,
     with_spot_choice,
 )
-from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.cost import (
     CostEstimate,
     available_catalog_clouds,
@@ -49,8 +49,8 @@ from verl_grpo.providers.skypilot.cost import (
     estimate_kubernetes_cost,
     seed_catalog_cache,
 )
+from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
-from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
 from verl_grpo.trainers.verl.overrides import cluster_model_path, cluster_nodes, gpus_per_node, uses_fully_async
@@ -337,7 +337,8 @@ def credential_path(cfg: RunConfig) -> str:
     """How the nodes authenticate to the store: always with the task's AWS secrets, never through a SkyPilot bucket
     mount, which SkyPilot authenticates with the cloud's credentials (an IAM role on AWS, elsewhere only an uploaded
     ~/.aws/credentials, never credentials from the environment: sky/clouds/aws.py get_credential_file_mounts)."""
-    line = "credentials: every node reads data and commits checkpoints with the task's AWS secrets (s3fs); no bucket is mounted"
+    line = ("credentials: every node reads data and commits checkpoints with the task's AWS secrets (s3fs); no bucket "
+            "is mounted")
     if cluster_nodes(cfg) > 1:
         line += "; each node's checkpoint sync uploads its shards with the same secrets"
     return line

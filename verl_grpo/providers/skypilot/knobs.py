@@ -144,7 +144,8 @@ def _prelude(envs: dict[str, str], retrieval: list[str] | None) -> list[str]:
         f"LR=$(knob LR ACTOR_LR {lr})",
         'if [ -n "${GRAD_ACCUM:-}" ]; then',
         f'  if [ "$TRAIN_BATCH_SIZE" != {batch} ] && [ "$TRAIN_BATCH_SIZE" != "$((BATCH_SIZE * GRAD_ACCUM))" ]; then',
-        '    echo "env vars BATCH_SIZE × GRAD_ACCUM ($((BATCH_SIZE * GRAD_ACCUM))) and TRAIN_BATCH_SIZE=$TRAIN_BATCH_SIZE '
+        '    echo "env vars BATCH_SIZE × GRAD_ACCUM ($((BATCH_SIZE * GRAD_ACCUM))) and '
+        'TRAIN_BATCH_SIZE=$TRAIN_BATCH_SIZE '
         'disagree; unset TRAIN_BATCH_SIZE or GRAD_ACCUM" >&2; exit 1',
         "  fi",
         "  TRAIN_BATCH_SIZE=$((BATCH_SIZE * GRAD_ACCUM))",

@@ -4,7 +4,8 @@ A node has only what its setup's `pip install` lines bring (and their dependenci
 imports are the closure of the verl_grpo modules the task runs (`python -m verl_grpo...`, `pkg://verl_grpo...`,
 `verl_grpo....Class` paths handed to verl), read statically: the import statements that run when a module is
 imported (module and class level, not inside functions, not guarded by `except ImportError` or `TYPE_CHECKING`),
-so an entry that cannot even start is caught; a function's lazy import is the path-dependent part this leaves out. verl's own trackers add theirs (`trainer.logger=[...,mlflow]` makes verl import mlflow). The
+so an entry that cannot even start is caught; a function's lazy import is the path-dependent part this leaves out.
+verl's own trackers add theirs (`trainer.logger=[...,mlflow]` makes verl import mlflow). The
 installed side is each requirement with its dependencies as this machine's package metadata lists them; a package
 not installed here counts as itself only (vLLM as its own requirements list it: `dependency_closure`).
 """
@@ -50,7 +51,8 @@ def check_node_imports(yamls: Mapping[str, str]) -> list[str]:
             provided = provided_imports(requirements)
             missing = {imp: why for imp, why in needed.items() if imp not in provided}
             if missing:
-                problems.append(f"task {label!r} imports {', '.join(f'{imp} ({why})' for imp, why in sorted(missing.items()))} "
+                problems.append(f"task {label!r} imports "
+                                f"{', '.join(f'{imp} ({why})' for imp, why in sorted(missing.items()))} "
                                 "which its setup does not install")
             else:
                 lines.append(f"task {label!r}: setup installs {' '.join(requirements)}; it brings all "

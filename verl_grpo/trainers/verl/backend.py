@@ -11,17 +11,21 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from verl_grpo.checkpoints import sha256_file
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
-from verl_grpo.checkpoints import sha256_file
 from verl_grpo.layout import checkpoints_dir, dataset_dir, published_model_dir
 from verl_grpo.mirrors.wandb_mirror import quiet_wandb
 from verl_grpo.models import resolve_model
 from verl_grpo.store import Store, local_path
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.verl import progress
-from verl_grpo.trainers.verl.fully_async import (ENTRY_MODULE, fully_async_overrides, planned_checkpoint_steps,
-                                                 validate_fully_async_overrides)
+from verl_grpo.trainers.verl.fully_async import (
+    ENTRY_MODULE,
+    fully_async_overrides,
+    planned_checkpoint_steps,
+    validate_fully_async_overrides,
+)
 from verl_grpo.trainers.verl.overrides import cluster_nodes, run_paths, ships_with_run, uses_fully_async, verl_overrides
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.validation import VerlValidation, validate_verl_overrides

@@ -19,8 +19,13 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, TrainingError
 from verl_grpo.layout import step_dir_name
-from verl_grpo.trainers.verl.commit import (after_commit, checkpoint_state, commit_mounted, prepare_upload,
-                                           write_step_metrics)
+from verl_grpo.trainers.verl.commit import (
+    after_commit,
+    checkpoint_state,
+    commit_mounted,
+    prepare_upload,
+    write_step_metrics,
+)
 from verl_grpo.trainers.verl.settings import ENV_CHECKPOINT_DIR, StoreSettings
 
 

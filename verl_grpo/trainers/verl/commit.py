@@ -9,8 +9,8 @@ last commit was lost.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -132,8 +132,8 @@ def await_uploaded(checkpoints: CheckpointStore, settings: StoreSettings, step: 
             return stored
         if time.monotonic() >= deadline:
             raise InfraError(f"checkpoint step {step}: the store still lacks {', '.join(missing[:5])} after "
-                             f"{timeout_s:.0f} s; the nodes' checkpoint syncs (to {settings.mount}, log: checkpoint-sync.log "
-                             "beside each node's metrics) did not upload it, "
+                             f"{timeout_s:.0f} s; the nodes' checkpoint syncs (to {settings.mount}, log: "
+                             "checkpoint-sync.log beside each node's metrics) did not upload it, "
                              "so it stays uncommitted")
         time.sleep(poll_s)
 

@@ -19,8 +19,13 @@ from collections.abc import Mapping, Sequence
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
 from verl_grpo.trainers.loop.batch import replay_count
-from verl_grpo.trainers.verl.overrides import (VerlPaths, gpus_per_node, ppo_mini_batch_size, uses_fully_async,
-                                               verl_overrides)
+from verl_grpo.trainers.verl.overrides import (
+    VerlPaths,
+    gpus_per_node,
+    ppo_mini_batch_size,
+    uses_fully_async,
+    verl_overrides,
+)
 from verl_grpo.trainers.verl.replay import SETTING_KEYS as REPLAY_KEYS
 
 ENTRY_MODULE = "verl_grpo.trainers.verl.fully_async_entry"

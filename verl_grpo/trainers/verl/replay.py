@@ -108,7 +108,8 @@ def stored_item(raw: bytes, sample: Any, uses: int = 1) -> dict[str, Any]:
 
 def replayed_sample(item: Mapping[str, Any]) -> Any:
     """The RolloutSample of a drawn item, its group id (`uid`) made unique to this item: GRPO groups responses by uid
-    and a resumed rollouter numbers its samples again from its resume point, so an old uid may recur among fresh ones."""
+    and a resumed rollouter numbers its samples again from its resume point, so an old uid may recur among fresh
+    ones."""
     sample = decode_sample(item["data"]["sample"])
     uids = sample.full_batch.non_tensor_batch["uid"]
     sample.full_batch.non_tensor_batch["uid"] = uids.astype(object) + f"/replay{item['id']}"

@@ -25,7 +25,6 @@ from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, write_jsonl_ato
 from verl_grpo.trainers.verl.metrics import read_records
 from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, write_tracker
 
-
 RESTORED_LINE = re.compile(r"^restored checkpoint step (\d+) of run ")
 """The log line of a restore (`restore_latest`), read back by the rehearsal's report."""
 
