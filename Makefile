@@ -10,7 +10,7 @@ XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgro
 # Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute smoke CI runs).
 RUN_ARGS ?=
 
-.PHONY: install run test test-fast bench lock clean serve stop
+.PHONY: install run lint test test-fast bench lock clean serve stop
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,10 +28,15 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/verl-grpo run -c gsm8k -c local $(RUN_ARGS)
 
-test: install
+# The lint gate (ruff: pyflakes, sorted imports, 120-column product code; [tool.ruff] in pyproject.toml) runs before
+# either suite; `ruff check --fix .` mends what it can.
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(VENV)/bin/pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: lint
 	$(VENV)/bin/pytest -q $(XDIST) tests/unit $(PYTEST_ARGS)
 
 bench: install
