@@ -43,13 +43,13 @@ ENV_KNOBS: dict[str, str] = {
     "TOP_K": "algorithm.top_k",
 }
 KNOB_ALSO_SETS: dict[str, tuple[str, ...]] = {"BATCH_SIZE": ("trainer.micro_batch_size",)}
-"""Knobs that set more than their ENV_KNOBS key: the seeds' per-device batch is verl's micro batch per GPU and the
-TRL backend's completions per forward/backward pass alike."""
+"""Knobs that set more than their ENV_KNOBS key: the examples' per-device BATCH_SIZE is verl's micro batch per GPU and
+the TRL backend's completions per forward/backward pass alike."""
 ALIASES: tuple[tuple[str, str], ...] = (("MODEL", "MODEL_NAME"), ("ACTOR_LR", "LR"))
 """Two names of one knob: both may be set only to the same value."""
 DERIVED_KNOBS: tuple[str, ...] = ("GRAD_ACCUM", "USE_RETRIEVAL")
 """Knobs that are no config key of their own: GRAD_ACCUM sets algorithm.train_batch_size = BATCH_SIZE × GRAD_ACCUM
-(the seeds' effective batch), USE_RETRIEVAL adds or removes `retrieval` in services.enabled."""
+(the public examples' effective batch), USE_RETRIEVAL adds or removes `retrieval` in services.enabled."""
 ALL_KNOBS: tuple[str, ...] = (*ENV_KNOBS, *DERIVED_KNOBS)
 KNOB_ORIGINS = {f"env var {var}" for var in KNOB_ALSO_SETS}
 
@@ -132,7 +132,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def _dataset_profiles(files: Sequence[str | Path], env: Mapping[str, str]) -> list[str | Path]:
     """The files to read: with DATASET set, a shipped dataset profile among them (gsm8k, math, mbpp) is replaced by
-    DATASET's, as the seeds' DATASET picks the dataset together with its lengths and batch sizes."""
+    DATASET's, as DATASET in the public SkyPilot + verl examples picks the dataset together with its lengths and batch
+    sizes."""
     if "DATASET" not in env:
         return list(files)
     name = _parse_value("dataset.name", env["DATASET"], "env var DATASET", "unset DATASET to use the default")

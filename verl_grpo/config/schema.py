@@ -93,16 +93,16 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to the reference model (verl kl_loss_coef, TRL beta); 0 disables the reference model."""
     lr: float = Field(1e-6, gt=0)
-    """Actor learning rate (the seeds' LR / ACTOR_LR)."""
+    """Actor learning rate (env knobs LR / ACTOR_LR)."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over the first this many steps, then constant (verl actor
     optim.lr_warmup_steps, TRL warmup_steps with a constant_with_warmup schedule); 0: constant from step 1."""
     temperature: float = Field(0.7, gt=0)
-    """Sampling temperature of rollouts (0.7 as in the GRAIL seed scripts)."""
+    """Sampling temperature of rollouts (0.7, GRAIL's public training default)."""
     top_p: float = Field(0.95, gt=0, le=1)
-    """Nucleus sampling of rollouts (1.0 disables; 0.95 as in the GRAIL seed scripts)."""
+    """Nucleus sampling of rollouts (1.0 disables; 0.95, GRAIL's public training default)."""
     top_k: int = Field(50, ge=-1)
-    """Top-k sampling of rollouts (-1 or 0 disables; 50 as in the GRAIL seed scripts)."""
+    """Top-k sampling of rollouts (-1 or 0 disables; 50, GRAIL's public training default)."""
     max_prompt_length: int = Field(512, gt=0)
     """Prompt token budget; longer prompts are quarantined during preparation."""
     max_response_length: int = Field(256, gt=0)
@@ -113,7 +113,7 @@ class AlgorithmConfig(_Section):
     """Optimizer steps of the run (verl trainer.total_training_steps, TRL max_steps)."""
     total_epochs: int | None = Field(None, ge=1)
     """End the run after this many passes over the train split if that comes before total_steps (verl
-    trainer.total_epochs, whose loop stops at whichever comes first; the seeds' TOTAL_EPOCHS beside TOTAL_STEPS);
+    trainer.total_epochs, whose loop stops at whichever comes first; env knob TOTAL_EPOCHS beside TOTAL_STEPS);
     None: total_steps alone decides and the prompts are cycled."""
     save_freq: int = Field(5, ge=1)
     """Checkpoint every this many steps (and always at the last step)."""
@@ -357,7 +357,7 @@ class VerlConfig(_Section):
     use_remove_padding on and needs flash-attn built for the nodes' torch (2.11 with verl[vllm]==0.9.1), which verl's
     [vllm] extra does not bring: name its wheel in skypilot.node_packages."""
     critic_lr: float = Field(1e-5, gt=0)
-    """Critic learning rate (the seeds' CRITIC_LR; only used by adv_estimator=gae)."""
+    """Critic learning rate (env knob CRITIC_LR; only used by adv_estimator=gae)."""
     test_freq: int = Field(5, ge=-1)
     """Validate every this many steps; -1 disables."""
     extra_overrides: list[str] = Field(default_factory=list)
@@ -448,7 +448,8 @@ _SKY_AMOUNT = re.compile(r"^\d+(\.\d+)?\+?$")
 
 class _ServiceSection(_Section):
     """A service's settings; `cpus` and `memory` are the resources of its job-group task (SkyPilot's spelling:
-    `4` exactly, `4+` at least), declared by each service with the seed's values as defaults."""
+    `4` exactly, `4+` at least), declared by each service with the values of SkyPilot's public job-group examples as
+    defaults."""
 
     @field_validator("cpus", "memory", mode="before", check_fields=False)
     @classmethod
@@ -467,9 +468,9 @@ class DataServerConfig(_ServiceSection):
     max_batch: int = Field(1024, ge=1)
     """Largest `size` a GET /batch may ask for."""
     cpus: str = "4+"
-    """vCPUs of the data-server's node on a SkyPilot job group (the seed's: 4)."""
+    """vCPUs of the data-server's node on a SkyPilot job group (SkyPilot's example: 4)."""
     memory: str = "16+"
-    """Memory in GiB of the data-server's node on a SkyPilot job group (the seed's: 16+)."""
+    """Memory in GiB of the data-server's node on a SkyPilot job group (SkyPilot's example: 16+)."""
 
 
 class RewardServerConfig(_ServiceSection):
@@ -482,12 +483,12 @@ class RewardServerConfig(_ServiceSection):
     model_batch_size: int = Field(16, ge=1)
     """Responses per forward pass of the neural reward model."""
     cpus: str = "4+"
-    """vCPUs of the reward-server's node on a SkyPilot job group (the seed's: 4; MBPP programs run on them)."""
+    """vCPUs of the reward-server's node on a SkyPilot job group (SkyPilot's example: 4; MBPP programs run on them)."""
     memory: str = "8+"
-    """Memory in GiB of the reward-server's node on a SkyPilot job group (the seed's: 8+)."""
+    """Memory in GiB of the reward-server's node on a SkyPilot job group (SkyPilot's example: 8+)."""
     accelerators: str = "L4:1"
-    """GPU of the reward-server's node when `reward_model` is set (the seed's neural reward model runs on an L4:1);
-    the rule-based scorers get no GPU."""
+    """GPU of the reward-server's node when `reward_model` is set (SkyPilot's example runs its neural reward model on an
+    L4:1); the rule-based scorers get no GPU."""
 
     @field_validator("accelerators")
     @classmethod
@@ -518,12 +519,14 @@ class RetrievalServerConfig(_ServiceSection):
     max_queries: int = Field(256, ge=1)
     """Largest number of queries in one POST /retrieve."""
     replicas: int = Field(1, ge=1)
-    """retrieval-server replicas on a SkyPilot job group: the task's `num_nodes`, one server per node (the seed
-    scales retrieval with `num_nodes: 2`); the trainer gets every replica's URL and its clients spread over them."""
+    """retrieval-server replicas on a SkyPilot job group: the task's `num_nodes`, one server per node (SkyPilot's
+    example scales retrieval with `num_nodes: 2`); the trainer gets every replica's URL and its clients spread over
+    them."""
     cpus: str = "16+"
-    """vCPUs of each retrieval-server node on a SkyPilot job group (the seed's: 16+; query embedding runs on them)."""
+    """vCPUs of each retrieval-server node on a SkyPilot job group (SkyPilot's example: 16+; query embedding runs on
+    them)."""
     memory: str = "64+"
-    """Memory in GiB of each retrieval-server node on a SkyPilot job group (the seed's: 64+)."""
+    """Memory in GiB of each retrieval-server node on a SkyPilot job group (SkyPilot's example: 64+)."""
     max_tool_turns: int = Field(2, ge=1)
     """`search` calls a rollout may make, each answered before the model goes on (verl's
     multi_turn.max_user_turns; TRL's max_tool_calling_iterations)."""
@@ -539,9 +542,9 @@ class ReplayBufferConfig(_ServiceSection):
     compact_every: int = Field(64, ge=1)
     """Fold the add-log into one snapshot every this many adds (bounds restart time)."""
     cpus: str = "4+"
-    """vCPUs of the replay buffer's node on a SkyPilot job group (the seed's: 4)."""
+    """vCPUs of the replay buffer's node on a SkyPilot job group (SkyPilot's example: 4)."""
     memory: str = "16+"
-    """Memory in GiB of the replay buffer's node on a SkyPilot job group (the seed's: 16+)."""
+    """Memory in GiB of the replay buffer's node on a SkyPilot job group (SkyPilot's example: 16+)."""
 
 
 class ServicesConfig(_Section):

@@ -39,8 +39,9 @@ SERVICES: dict[str, ServiceSpec] = {
 }
 """Config name (`services.enabled`) → spec; the SkyPilot job and rollout groups render their tasks from it.
 
-The ports are the seed's (SkyPilot's llm/verl-jobgroup: data 8000, reward 8001, retrieval 8002; llm/rlhf-jobgroup:
-replay 8003). They are distinct because a local rehearsal resolves every task's host name to 127.0.0.1."""
+The ports are those of SkyPilot's public examples (llm/verl-jobgroup: data 8000, reward 8001, retrieval 8002;
+llm/rlhf-jobgroup: replay 8003). They are distinct because a local rehearsal resolves every task's host name to
+127.0.0.1."""
 
 DEFAULT_TOKEN_ENV = "VERL_GRPO_SERVICES_TOKEN"
 TOKEN_ENV_NAME_ENV = "VERL_GRPO_SERVICES_TOKEN_ENV"

@@ -1,8 +1,8 @@
 """rollout-server: samples responses with transformers on CPU and returns each token's behaviour log-prob.
 
-The CPU counterpart of a vLLM/SGLang rollout replica in the seed's API: `POST /generate` (n samples per
-prompt with their token ids and log-probs, stamped with the policy version that produced them), `POST
-/update_weights` (new weights from a Hugging Face dir on disk, a monotone policy version), `GET
+The CPU counterpart of a vLLM/SGLang rollout replica, in the API of the public SkyPilot job-group examples:
+`POST /generate` (n samples per prompt with their token ids and log-probs, stamped with the policy version that
+produced them), `POST /update_weights` (new weights from a Hugging Face dir on disk, a monotone policy version), `GET
 /policy_version`, `GET /health`. A server runs one generation at a time on `--threads` torch threads (more
 throughput means more servers behind the router). A weight update waits for the running generation and goes
 before the generations queued behind it, so every response's version names the weights of all its outputs.
@@ -337,7 +337,7 @@ def build_app(engine: RolloutEngine, token: str | None, max_body_bytes: int):
 
 @click.group()
 def cli() -> None:
-    """rollout-server: CPU sampling with transformers behind the seed's rollout API."""
+    """rollout-server: CPU sampling with transformers behind the rollout API of SkyPilot's job-group examples."""
 
 
 @cli.command()

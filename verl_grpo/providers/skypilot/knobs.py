@@ -1,6 +1,6 @@
-"""The seeds' env knobs in a rendered verl task: SkyPilot `envs` whose defaults are this run's values, and a run
-script that builds the knob-driven main_ppo overrides from them, so that
-`sky jobs launch task.yaml --env MODEL_NAME=... --env TOTAL_STEPS=...` changes the run as it does in the seeds.
+"""The env knobs of the public SkyPilot + verl examples in a rendered verl task: SkyPilot `envs` whose defaults are this
+run's values, and a run script that builds the knob-driven main_ppo overrides from them, so that
+`sky jobs launch task.yaml --env MODEL_NAME=... --env TOTAL_STEPS=...` changes the run as it does in those examples.
 
 Pure: no `sky` import. The loader (`verl_grpo.config.loader`) gives the same knobs the same meaning on this machine.
 """
@@ -130,7 +130,8 @@ def _prelude(envs: dict[str, str], retrieval: list[str] | None) -> list[str]:
     no_retrieval = ("echo \"USE_RETRIEVAL=$USE_RETRIEVAL: this task runs no retrieval-server; render one with "
                     "services.enabled including retrieval (skypilot.shape=job_group)\" >&2; exit 1")
     return [
-        "# The seeds' env knobs (envs above, defaults = this run): `sky jobs launch THIS.yaml --env TOTAL_STEPS=50`.",
+        "# Env knobs as in the public SkyPilot + verl examples (envs above, defaults = this run): `sky jobs launch "
+        "THIS.yaml --env TOTAL_STEPS=50`.",
         "knob() {  # knob NAME ALIAS DEFAULT: NAME's value, or ALIAS's when only ALIAS differs from DEFAULT",
         '  local a="${!1}" b="${!2:-$3}"',
         '  if [ "$b" = "$3" ] || [ "$a" = "$b" ]; then echo "$a"; elif [ "$a" = "$3" ]; then echo "$b"; else',

@@ -4,8 +4,9 @@ Three training shapes: `multinode` (one verl main_ppo task), `job_group` (main_p
 and `rollout_group` (verl's fully-async trainer over trainer + standalone rollout nodes in one Ray cluster, + the
 services); and the held-out eval task (vLLM on GPUs, `render_eval`). Secrets are listed by name under `secrets:`
 only; their values are passed at launch and never rendered
-(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included). The seeds'
-env knobs are `envs` with this run's values, and the run script builds main_ppo's overrides from them (`knobs`).
+(`launch_secrets` gives the provider every value the YAML names, the services' bearer token included). The env knobs
+of the public SkyPilot + verl examples are `envs` with this run's values, and the run script builds main_ppo's overrides
+from them (`knobs`).
 
 Every task installs into one uv venv (`$VERL_GRPO_VENV`, Python per pyproject.toml's requires-python) and runs in it.
 Services and Ray bind the node's own IP (`$NODE_IP`, this node's line of `$SKYPILOT_NODE_IPS`):

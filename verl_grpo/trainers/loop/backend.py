@@ -1,9 +1,9 @@
 """Loop backend: RunConfig → the loop worker's spec and command (`plan`), validated offline.
 
-The worker (`python -m verl_grpo.trainers.loop.worker SPEC`) runs the asynchronous loop of seed 001 on this
-machine: rollout servers behind a router (started by the worker), the data-server, reward-server and replay buffer
-(started by the provider as the run's services, which RunConfig enables for trainer.backend=loop), and a
-plain-torch GRPO update that pushes its weights to every rollout server.
+The worker (`python -m verl_grpo.trainers.loop.worker SPEC`) runs the asynchronous RL loop of the public
+SkyPilot job-group examples on this machine: rollout servers behind a router (started by the worker), the
+data-server, reward-server and replay buffer (started by the provider as the run's services, which RunConfig
+enables for trainer.backend=loop), and a plain-torch GRPO update that pushes its weights to every rollout server.
 """
 
 from __future__ import annotations

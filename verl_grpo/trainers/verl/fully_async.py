@@ -111,7 +111,7 @@ LITERAL_KNOB_KEYS = ("data.train_batch_size",)
 
 
 def knob_expressions(cfg: RunConfig) -> dict[str, str]:
-    """Override key → shell arithmetic over the seeds' knobs, so `--env TOTAL_STEPS=…`/`TRAIN_BATCH_SIZE=…` at launch
+    """Override key → shell arithmetic over the env knobs, so `--env TOTAL_STEPS=…`/`TRAIN_BATCH_SIZE=…` at launch
     resize the fully-async run as they resize main_ppo's (see `knobs.knob_task`)."""
     sync = cfg.async_training.trigger_parameter_sync_step
     mini = cfg.verl.ppo_mini_batch_size
