@@ -87,6 +87,21 @@ def model_short_name(name: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", last).strip("-") or "model"
 
 
+def load_tokenizer(name: str):
+    """The tokenizer of `model.name`, resolved as `resolve_model` does; a failure (an HF id offline, a directory
+    without tokenizer files) is one ConfigError line naming model.name and the fix."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model(name)
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError) as e:
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise ConfigError(f"model.name {name!r}: its tokenizer could not be loaded ({type(e).__name__}: {reason}); "
+                          "use `-c local` (SmolLM2, installed with the package), `-o model.name=tiny`, a local model "
+                          "directory, or an HF id reachable from this machine") from e
+
+
 def load_model_and_tokenizer(name_or_path: Path | str, dtype: str = "float32"):
     """Load a causal LM + tokenizer; failures become ConfigError naming `model.name`."""
     import torch

@@ -59,13 +59,10 @@ def prepare_local_state(cfg: RunConfig, data: bool = False) -> None:
 
 def prepare(cfg: RunConfig) -> DatasetVersion:
     """Prepare (or find cached) verl-format parquet for cfg.dataset, prompts measured by the model's tokenizer."""
-    from transformers import AutoTokenizer
-
     from verl_grpo.data import prepare_dataset
-    from verl_grpo.models import resolve_model
+    from verl_grpo.models import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(cfg.model.name)))
-    return prepare_dataset(cfg, Store.from_config(cfg.storage), tokenizer=tokenizer)
+    return prepare_dataset(cfg, Store.from_config(cfg.storage), tokenizer=load_tokenizer(cfg.model.name))
 
 
 def provision(run: ResolvedRun) -> Cluster:

@@ -54,6 +54,17 @@ def test_prepare_prints_manifest(cli):
     assert manifest["name"] == "mbpp" and manifest["counts"]["test"] > 450
 
 
+def test_prepare_with_a_model_whose_tokenizer_cannot_load_is_one_line(cli, tmp_path):
+    """As `verl-grpo prepare --dataset gsm8k` offline (the cluster profile's HF model is not here): no traceback, one
+    line naming model.name and what to use instead."""
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-model-type"}')  # no tokenizer transformers knows
+    result = cli("prepare", "--dataset", "mbpp", "-o", f"model.name={tmp_path}")
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error ")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert f"model.name '{tmp_path}': its tokenizer could not be loaded" in errors[0] and "-c local" in errors[0]
+
+
 def test_score_file(cli, tmp_path):
     f = tmp_path / "r.jsonl"
     f.write_text(json.dumps({"solution_str": "<think>6*7</think><answer>42</answer>", "ground_truth": "42"}) + "\n")
