@@ -65,7 +65,7 @@ def _run(cfg, store, dataset, root: Path, run_id: str) -> dict[str, Any]:
     from verl_grpo.contracts import Cluster
     from verl_grpo.services.local_group import start_local_services, stop_local_services
     from verl_grpo.trainers import get_trainer
-    from verl_grpo.trainers.trl.callbacks import read_metrics
+    from verl_grpo.trainers.worker.metrics import read_metrics
 
     workdir = root / run_id
     workdir.mkdir(parents=True)

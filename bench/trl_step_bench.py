@@ -280,7 +280,7 @@ def intervals(stamps: list[float]) -> list[float]:
 def run_ours(cfg, store, dataset, root: Path) -> dict[str, Any]:
     from verl_grpo.contracts import Cluster
     from verl_grpo.trainers.trl.backend import TrlTrainer
-    from verl_grpo.trainers.trl.callbacks import read_metrics
+    from verl_grpo.trainers.worker.metrics import read_metrics
 
     workdir = root / "work"
     workdir.mkdir(parents=True)
@@ -425,7 +425,7 @@ def main() -> None:
         facts = machine_facts()
         gflops = matmul_gflops(cfg.trainer.threads)
         bandwidth = copy_bandwidth()
-        from verl_grpo.trainers.trl.backend import worker_env
+        from verl_grpo.trainers.worker.spec import worker_env
 
         ours_runs, bare_runs = [], []
         for i in range(args.rounds):  # alternate the order so drift in machine load hits both sides

@@ -8,8 +8,11 @@ import sys
 IMPORT_EVERY_DOMAIN_MODULE = """
 import importlib, pkgutil, sys
 import verl_grpo
-for module in pkgutil.walk_packages(verl_grpo.__path__, "verl_grpo."):
-    importlib.import_module(module.name)
+names = [module.name for module in pkgutil.walk_packages(verl_grpo.__path__, "verl_grpo.")]
+# The workers' entry modules hide PEFT, W&B and scikit-learn for the rest of their process
+# (trainers/lean_imports.py), which verl's modules import: they go last, as in a worker they come first and alone.
+for name in sorted(names, key=lambda name: name.endswith(".worker")):
+    importlib.import_module(name)
 upper = sorted(m for m in sys.modules if m.split(".")[0] in {"prefect", "flows", "tasks", "cli"})
 assert not upper, f"importing verl_grpo loaded {upper}"
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from verl_grpo.trainers import get_trainer
 from verl_grpo.trainers.protocol import TrainProgress
-from verl_grpo.trainers.trl.progress import progress_line
+from verl_grpo.trainers.worker.progress import progress_line
 
 NOT_STEP_LINES = ("checkpoint step 2 committed to file:///x", "resuming run r from checkpoint step 2",
                   "training done: step 8, model at file:///m", "")

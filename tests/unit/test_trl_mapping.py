@@ -17,12 +17,9 @@ from verl_grpo.trainers.trl.backend import (
     grpo_args,
     trl_top_k,
 )
-from verl_grpo.trainers.trl.callbacks import (
-    MetricsLog,
-    Termination,
-    read_metrics,
-)
-from verl_grpo.trainers.trl.progress import progress_line
+from verl_grpo.trainers.worker.metrics import MetricsLog, read_metrics
+from verl_grpo.trainers.worker.progress import progress_line
+from verl_grpo.trainers.worker.termination import Termination
 
 
 def _cfg(*overrides: str):

@@ -14,8 +14,8 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
 from verl_grpo.trainers.loop.batch import replay_count
 from verl_grpo.trainers.protocol import TrainProgress
-from verl_grpo.trainers.trl import progress
-from verl_grpo.trainers.trl.backend import worker_train_spec
+from verl_grpo.trainers.worker import progress
+from verl_grpo.trainers.worker.spec import worker_train_spec
 
 REQUIRED_SERVICES = ("data", "reward", "replay")
 """The services the loop reads: prompts (data), rewards (reward) and the groups it trains again (replay)."""

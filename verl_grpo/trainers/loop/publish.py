@@ -12,8 +12,8 @@ from verl_grpo.layout import model_dir, run_metrics, train_result
 from verl_grpo.trainers.loop.batch import LoopState
 from verl_grpo.trainers.protocol import RESULT_FILE, SummaryNames, summarize, write_json_atomic
 from verl_grpo.trainers.signal import MEAN_LENGTH
-from verl_grpo.trainers.trl.callbacks import MetricsLog
-from verl_grpo.trainers.trl.spec import WorkerSpec
+from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.spec import WorkerSpec
 
 SUMMARY = SummaryNames(
     final={"reward": "final_reward", "reward_std": "final_reward_std", "loss": "final_loss",

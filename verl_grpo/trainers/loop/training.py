@@ -35,10 +35,10 @@ from verl_grpo.trainers.loop.rollouts import RolloutProducer
 from verl_grpo.trainers.loop.update import PolicyUpdate
 from verl_grpo.trainers.protocol import METRICS_FILE, STEP_PREFIX, LocalCheckpoints, restore_latest, write_json_atomic
 from verl_grpo.trainers.signal import CLIPPED_RATIO, MEAN_LENGTH, TIED_GROUP_SHARE, NoSignalWatch
-from verl_grpo.trainers.trl.callbacks import MetricsLog
-from verl_grpo.trainers.trl.progress import progress_line
-from verl_grpo.trainers.trl.spec import WorkerSpec
-from verl_grpo.trainers.worker_errors import check_workdir
+from verl_grpo.trainers.worker.errors import check_workdir
+from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.progress import progress_line
+from verl_grpo.trainers.worker.spec import WorkerSpec
 
 STATE_FILE = "loop_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -132,8 +132,8 @@ def _warm_started(spec: WorkerSpec, base_model: Path | str) -> tuple[Path | str,
     backend's) when warm_start is enabled, else the base model."""
     if not spec.cfg.warm_start.enabled:
         return base_model, {}
-    from verl_grpo.trainers.trl.callbacks import Termination
     from verl_grpo.trainers.trl.warm_start import warm_started_model
+    from verl_grpo.trainers.worker.termination import Termination
 
     warm_model, summary = warm_started_model(spec, base_model, Termination())
     return warm_model or base_model, summary

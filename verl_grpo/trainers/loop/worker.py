@@ -16,8 +16,8 @@ apply_quiet_env()
 skip_unused_integrations()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from verl_grpo.trainers.trl.spec import load_spec  # noqa: E402
-from verl_grpo.trainers.worker_errors import worker_main  # noqa: E402
+from verl_grpo.trainers.worker.errors import worker_main  # noqa: E402
+from verl_grpo.trainers.worker.spec import load_spec  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ per-device batch counts *completions*, not prompts. One optimizer step here cons
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,10 @@ from typing import Any
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
-from verl_grpo.privacy import quiet_env
 from verl_grpo.store import Store
-from verl_grpo.trainers.protocol import TrainProgress, write_json_atomic
-from verl_grpo.trainers.trl import progress
-from verl_grpo.trainers.trl.spec import SPEC_FILE, SPEC_VERSION
+from verl_grpo.trainers.protocol import TrainProgress
+from verl_grpo.trainers.worker import progress
+from verl_grpo.trainers.worker.spec import worker_train_spec
 
 # verl `loss_agg_mode` → TRL `loss_type`, by how each normalises the summed per-token losses:
 #   token-mean              ÷ active tokens of the whole step (all micro-batches) → "dapo"
@@ -184,51 +182,5 @@ class TrlTrainer:
         return worker_train_spec(self.name, "verl_grpo.trainers.trl.worker", cfg, dataset, store, run_id, cluster)
 
     def parse_progress(self, line: str, total_steps: int) -> TrainProgress | None:
-        """The worker's `step k/N reward=… loss=…` lines (see trl.progress)."""
+        """The worker's `step k/N reward=… loss=…` lines (see trainers.worker.progress)."""
         return progress.parse_progress(line, total_steps)
-
-
-def worker_train_spec(backend: str, module: str, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str,
-                      cluster: Cluster) -> TrainSpec:
-    """A worker process's TrainSpec (`python -m <module> <workdir>/train_spec.json`), shared by the backends whose
-    training runs in such a worker (trl, loop); writes the spec file."""
-    if "train" not in dataset.splits:
-        raise ConfigError(f"dataset {dataset.name}/{dataset.hash} has no train split; re-run data preparation")
-    workdir = Path(cluster.workdir)
-    spec = {
-        "version": SPEC_VERSION,
-        "backend": backend,
-        "run_id": run_id,
-        "workdir": str(workdir),
-        "config": cfg.model_dump(mode="json"),
-        "dataset": dataset.model_dump(mode="json"),
-        "store": {"uri": store.uri, "endpoint_url": store.endpoint_url},
-        "model_name": cfg.model.name,
-        "model_path": _local_model_path(cfg, cluster),
-    }
-    spec_path = write_json_atomic(workdir / SPEC_FILE, spec)
-    return TrainSpec(
-        backend=backend,
-        run_id=run_id,
-        command=[sys.executable, "-m", module, str(spec_path)],
-        env=worker_env(cfg),
-        spec_uri=str(spec_path),
-        total_steps=cfg.algorithm.planned_steps(dataset.counts.get("train")),
-    )
-
-
-def worker_env(cfg: RunConfig) -> dict[str, str]:
-    """Non-secret environment of the worker process."""
-    env = {**quiet_env(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    if cfg.trainer.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(cfg.trainer.threads)
-    return env
-
-
-def _local_model_path(cfg: RunConfig, cluster: Cluster) -> str | None:
-    """The resolved model directory when the worker runs on this machine; remote workers resolve it themselves."""
-    if not cluster.on_this_machine:
-        return None
-    from verl_grpo.models import resolve_model
-
-    return str(resolve_model(cfg.model.name))

@@ -7,13 +7,9 @@ the upload runs, so the next steps train during the upload.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +18,11 @@ from transformers import TrainerCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
-from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
+from verl_grpo.trainers.protocol import METRICS_FILE
 from verl_grpo.trainers.signal import ALL_TIED, TIED_GROUP_SHARE, NoSignalWatch, all_tied
-from verl_grpo.trainers.trl.progress import progress_line
-
-
-class MetricsLog:
-    """`metrics.jsonl`: one JSON object per logged step, unique by `step`, travelling with every checkpoint."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def records(self) -> list[dict[str, Any]]:
-        return read_metrics(self.path)
-
-    def reset(self, source: Path | None = None, upto_step: int = 0) -> None:
-        """Start over from `source`'s lines up to `upto_step` (a restored checkpoint), or empty."""
-        kept = [r for r in read_metrics(source) if r["step"] <= upto_step] if source else []
-        write_jsonl_atomic(self.path, kept)
-
-    def append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def read_metrics(path: Path | None) -> list[dict[str, Any]]:
-    """Lines of a metrics.jsonl, deduplicated by step (the last line of a step wins), in step order."""
-    if path is None or not Path(path).is_file():
-        return []
-    by_step: dict[int, dict[str, Any]] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_step[int(record["step"])] = record
-    return [by_step[s] for s in sorted(by_step)]
+from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.progress import progress_line
+from verl_grpo.trainers.worker.termination import Termination
 
 
 def signal_figures(logs: dict[str, Any]) -> dict[str, float]:
@@ -73,33 +40,6 @@ def signal_figures(logs: dict[str, Any]) -> dict[str, float]:
     if flag is not None:
         out[ALL_TIED] = flag
     return out
-
-
-class Termination:
-    """SIGTERM handling: exit at once, except while a checkpoint upload runs; then exit right after it."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._uploading = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        print("received SIGTERM; stopping", file=sys.stderr, flush=True)
-        if not self._uploading:
-            raise SystemExit(128 + signum)
-
-    @contextmanager
-    def upload(self) -> Iterator[None]:
-        self._uploading = True
-        try:
-            yield
-        finally:
-            self._uploading = False
-        if self.requested:
-            raise SystemExit(128 + signal.SIGTERM)
 
 
 class StoreCallback(TrainerCallback):

@@ -20,8 +20,9 @@ from verl_grpo.data.warm_start import SftExample, select_examples
 from verl_grpo.layout import WARM_START_RESULT, warm_start_dir, warm_start_result
 from verl_grpo.trainers.precision import resolve_precision
 from verl_grpo.trainers.protocol import METRICS_FILE, write_json_atomic, write_jsonl_atomic
-from verl_grpo.trainers.trl.callbacks import Termination, say
-from verl_grpo.trainers.trl.spec import WorkerSpec
+from verl_grpo.trainers.trl.callbacks import say
+from verl_grpo.trainers.worker.spec import WorkerSpec
+from verl_grpo.trainers.worker.termination import Termination
 
 LOSS_WINDOW = 5
 """first_loss / final_loss are the means of this many steps at each end of the phase."""

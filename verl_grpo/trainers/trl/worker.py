@@ -20,10 +20,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from transformers.utils import logging as hf_logging
 
-from verl_grpo.trainers.trl.callbacks import Termination
-from verl_grpo.trainers.trl.spec import load_spec
 from verl_grpo.trainers.trl.training import run
-from verl_grpo.trainers.worker_errors import worker_main
+from verl_grpo.trainers.worker.errors import worker_main
+from verl_grpo.trainers.worker.spec import load_spec
+from verl_grpo.trainers.worker.termination import Termination
 
 
 def main(argv: list[str] | None = None) -> int:

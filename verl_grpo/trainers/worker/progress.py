@@ -1,5 +1,5 @@
-"""The TRL worker's progress line, `step k/N reward=… tied=… r.correctness=… len=… clip=… loss=…`: written per
-logged step, parsed back.
+"""A local worker's (trl, loop) progress line, `step k/N reward=… tied=… r.correctness=… len=… clip=… loss=…`:
+written per logged step, parsed back.
 
 The orchestrator streams the worker's stdout and turns these lines into TrainProgress, whose metrics carry the
 record's own names (the signal vocabulary of verl_grpo.trainers.signal); writer and parser live together so the
