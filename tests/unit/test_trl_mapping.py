@@ -11,12 +11,8 @@ import pytest
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.trainers import TRAINERS, get_trainer
-from verl_grpo.trainers.trl.backend import (
-    LOSS_TYPES,
-    batch_layout,
-    grpo_args,
-    trl_top_k,
-)
+from verl_grpo.trainers.trl.backend import LOSS_TYPES, grpo_args, trl_top_k
+from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.metrics import MetricsLog, read_metrics
 from verl_grpo.trainers.worker.progress import progress_line
 from verl_grpo.trainers.worker.termination import Termination

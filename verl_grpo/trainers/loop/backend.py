@@ -15,6 +15,7 @@ from verl_grpo.store import Store
 from verl_grpo.trainers.loop.batch import replay_count
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.worker import progress
+from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.spec import worker_train_spec
 
 REQUIRED_SERVICES = ("data", "reward", "replay")
@@ -36,11 +37,7 @@ def check_loop(cfg: RunConfig) -> None:
     if alg.kl_coef > 0:
         raise ConfigError(f"algorithm.kl_coef={alg.kl_coef}: trainer.backend=loop keeps no reference model; set "
                           "algorithm.kl_coef=0 or use trainer.backend=trl")
-    total = alg.train_batch_size * alg.rollouts
-    micro = cfg.trainer.micro_batch_size or total
-    if total % micro:
-        raise ConfigError(f"trainer.micro_batch_size ({micro}) must divide algorithm.train_batch_size × "
-                          f"algorithm.rollouts ({total}); use a divisor of {total} or leave it unset")
+    batch_layout(cfg)  # ConfigError when trainer.micro_batch_size does not divide a step's completions
     if at.replay_share > 0 and replay_count(alg.train_batch_size, at.replay_share) == 0:
         raise ConfigError(f"async_training.replay_share={at.replay_share} of algorithm.train_batch_size="
                           f"{alg.train_batch_size} rounds to no replayed group per step (and one group stays fresh); "

@@ -33,11 +33,12 @@ from verl_grpo.trainers.protocol import (
     write_json_atomic,
 )
 from verl_grpo.trainers.signal import NoSignalWatch
-from verl_grpo.trainers.trl.backend import batch_layout, grpo_args
+from verl_grpo.trainers.trl.backend import grpo_args
 from verl_grpo.trainers.trl.callbacks import StoreCallback, say
 from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
 from verl_grpo.trainers.trl.tools import tool_functions, with_tool_template
 from verl_grpo.trainers.trl.warm_start import committed_result, summary_of, warm_started_model
+from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.errors import check_workdir
 from verl_grpo.trainers.worker.metrics import MetricsLog
 from verl_grpo.trainers.worker.spec import WorkerSpec
