@@ -15,7 +15,7 @@ from verl_grpo.config import load_config
 from verl_grpo.contracts import Cluster
 from verl_grpo.store import Store
 from verl_grpo.trainers import get_trainer
-from verl_grpo.trainers.protocol import EXIT_FAILED
+from verl_grpo.trainers.exits import EXIT_FAILED
 from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, TIED_GROUP_SHARE
 
 HOPELESS = [

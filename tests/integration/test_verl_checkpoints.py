@@ -18,7 +18,7 @@ from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
-from verl_grpo.trainers.protocol import EXIT_USER_ERROR
+from verl_grpo.trainers.exits import EXIT_USER_ERROR
 from verl_grpo.trainers.verl.callback import StoreCheckpointCallback
 from verl_grpo.trainers.verl.finalize import finalize
 from verl_grpo.trainers.verl.metrics import read_records

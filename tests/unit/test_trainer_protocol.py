@@ -8,17 +8,11 @@ import pytest
 
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, DataError, InfraError, Preempted, TrainingError
-from verl_grpo.trainers import protocol
-from verl_grpo.trainers.protocol import (
-    LocalCheckpoints,
-    SummaryNames,
-    exit_code,
-    restore_latest,
-    summarize,
-    write_json_atomic,
-    write_jsonl_atomic,
-    write_text_atomic,
-)
+from verl_grpo.trainers import atomic_files
+from verl_grpo.trainers.atomic_files import write_json_atomic, write_jsonl_atomic, write_text_atomic
+from verl_grpo.trainers.exits import exit_code
+from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
+from verl_grpo.trainers.run_summary import SummaryNames, summarize
 
 
 def test_exit_codes_follow_the_error_type():
@@ -42,7 +36,7 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_no_temp_file(tmp_path, mon
     def disk_full(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(protocol.os, "replace", disk_full)
+    monkeypatch.setattr(atomic_files.os, "replace", disk_full)
     with pytest.raises(OSError):
         write_json_atomic(target, {"new": 1})
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.trainers.protocol import summarize, write_jsonl_atomic
+from verl_grpo.trainers.atomic_files import write_jsonl_atomic
+from verl_grpo.trainers.run_summary import summarize
 from verl_grpo.trainers.verl.callback import StoreCheckpointCallback
 from verl_grpo.trainers.verl.merge import merge_command
 from verl_grpo.trainers.verl.metrics import SUMMARY, merged_metrics

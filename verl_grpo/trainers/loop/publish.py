@@ -9,8 +9,10 @@ from typing import Any
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.layout import model_dir, run_metrics, train_result
+from verl_grpo.trainers.atomic_files import write_json_atomic
+from verl_grpo.trainers.exits import RESULT_FILE
 from verl_grpo.trainers.loop.batch import LoopState
-from verl_grpo.trainers.protocol import RESULT_FILE, SummaryNames, summarize, write_json_atomic
+from verl_grpo.trainers.run_summary import SummaryNames, summarize
 from verl_grpo.trainers.signal import MEAN_LENGTH
 from verl_grpo.trainers.worker.metrics import MetricsLog
 from verl_grpo.trainers.worker.spec import WorkerSpec

@@ -17,9 +17,9 @@ from typing import Any
 from transformers import PrinterCallback, TrainerCallback
 
 from verl_grpo.data.warm_start import SftExample, select_examples
-from verl_grpo.layout import WARM_START_RESULT, warm_start_dir, warm_start_result
+from verl_grpo.layout import METRICS_FILE, WARM_START_RESULT, warm_start_dir, warm_start_result
+from verl_grpo.trainers.atomic_files import write_json_atomic, write_jsonl_atomic
 from verl_grpo.trainers.precision import resolve_precision
-from verl_grpo.trainers.protocol import METRICS_FILE, write_json_atomic, write_jsonl_atomic
 from verl_grpo.trainers.trl.callbacks import say
 from verl_grpo.trainers.worker.spec import WorkerSpec
 from verl_grpo.trainers.worker.termination import Termination

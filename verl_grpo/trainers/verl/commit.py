@@ -20,8 +20,8 @@ from typing import Any
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError, TrainingError
-from verl_grpo.layout import CHECKPOINT_MANIFEST, checkpoint_dir, step_dir_name
-from verl_grpo.trainers.protocol import METRICS_FILE, write_jsonl_atomic
+from verl_grpo.layout import CHECKPOINT_MANIFEST, METRICS_FILE, checkpoint_dir, step_dir_name
+from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.verl.metrics import merged_metrics
 from verl_grpo.trainers.verl.settings import STAGING_DIR, StoreSettings
 

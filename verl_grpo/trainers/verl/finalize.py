@@ -15,8 +15,10 @@ from collections.abc import Callable
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import TrainingError
-from verl_grpo.layout import model_dir, run_metrics, step_dir_name, train_result
-from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, summarize, write_jsonl_atomic
+from verl_grpo.layout import METRICS_FILE, model_dir, run_metrics, step_dir_name, train_result
+from verl_grpo.trainers.atomic_files import write_jsonl_atomic
+from verl_grpo.trainers.exits import run_entry
+from verl_grpo.trainers.run_summary import summarize
 from verl_grpo.trainers.verl.commit import commit_now
 from verl_grpo.trainers.verl.merge import MERGE_BACKENDS, merge_actor
 from verl_grpo.trainers.verl.metrics import SUMMARY, merged_metrics

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verl_grpo.trainers.protocol import SummaryNames
+from verl_grpo.trainers.run_summary import SummaryNames
 from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD
 from verl_grpo.trainers.verl.settings import StoreSettings
 

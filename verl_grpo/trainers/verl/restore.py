@@ -19,9 +19,11 @@ from pathlib import Path
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import DataError
+from verl_grpo.layout import METRICS_FILE
 from verl_grpo.store import Store
-from verl_grpo.trainers import protocol
-from verl_grpo.trainers.protocol import METRICS_FILE, run_entry, write_jsonl_atomic
+from verl_grpo.trainers import local_checkpoints
+from verl_grpo.trainers.atomic_files import write_jsonl_atomic
+from verl_grpo.trainers.exits import run_entry
 from verl_grpo.trainers.verl.metrics import read_records
 from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, write_tracker
 
@@ -51,7 +53,7 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
     # Remove the tracker first: a crash below must leave "start fresh", never a pointer to a half-restored dir.
     (local / TRACKER_FILE).unlink(missing_ok=True)
     shutil.rmtree(local / STAGING_DIR, ignore_errors=True)
-    restored = protocol.restore_latest(checkpoints, settings.run_id, settings.local_checkpoints)
+    restored = local_checkpoints.restore_latest(checkpoints, settings.run_id, settings.local_checkpoints)
     if restored is None:
         write_jsonl_atomic(settings.history_path, [])
         print(f"no committed checkpoint of run {settings.run_id}; verl starts from scratch", flush=True)

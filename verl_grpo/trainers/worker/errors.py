@@ -13,7 +13,8 @@ from pathlib import Path
 
 from verl_grpo.checkpoints import permanent_error
 from verl_grpo.errors import ConfigError, DataError, InfraError, TrainingError, VerlGrpoError
-from verl_grpo.trainers.protocol import ERROR_FILE, EXIT_USER_ERROR, RESULT_FILE, exit_code, write_json_atomic
+from verl_grpo.trainers.atomic_files import write_json_atomic
+from verl_grpo.trainers.exits import ERROR_FILE, EXIT_USER_ERROR, RESULT_FILE, exit_code
 
 
 def classify(exc: Exception, workdir: Path) -> Exception:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verl_grpo.trainers.protocol import write_jsonl_atomic
+from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 
 
 class MetricsLog:

@@ -13,7 +13,7 @@ from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.privacy import quiet_env
 from verl_grpo.store import Store
-from verl_grpo.trainers.protocol import write_json_atomic
+from verl_grpo.trainers.atomic_files import write_json_atomic
 
 SPEC_VERSION = 1
 SPEC_FILE = "train_spec.json"
