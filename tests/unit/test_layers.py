@@ -11,7 +11,9 @@ import verl_grpo
 names = [module.name for module in pkgutil.walk_packages(verl_grpo.__path__, "verl_grpo.")]
 # The workers' entry modules hide PEFT, W&B and scikit-learn for the rest of their process
 # (trainers/lean_imports.py), which verl's modules import: they go last, as in a worker they come first and alone.
-for name in sorted(names, key=lambda name: name.endswith(".worker")):
+entries = {"verl_grpo.trainers.trl.worker", "verl_grpo.trainers.loop.worker"}
+assert entries <= set(names), entries - set(names)
+for name in sorted(names, key=lambda name: name in entries):
     importlib.import_module(name)
 upper = sorted(m for m in sys.modules if m.split(".")[0] in {"prefect", "flows", "tasks", "cli"})
 assert not upper, f"importing verl_grpo loaded {upper}"
