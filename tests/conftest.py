@@ -5,11 +5,11 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,18 +75,13 @@ def data_mirror() -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 endpoint: moto in server mode on 127.0.0.1. Yields its endpoint URL."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

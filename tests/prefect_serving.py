@@ -4,21 +4,16 @@ free loopback port, and stop.sh afterwards, which must leave no process behind."
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ports import free_port
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

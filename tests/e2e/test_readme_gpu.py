@@ -23,13 +23,13 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from sky_home import sky_home
 
 pytestmark = pytest.mark.e2e
@@ -83,11 +83,6 @@ def form_of(command: str) -> str:
     raise AssertionError(f"README command of no known form (add its honest form to this test): {command}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Shell:
     """Runs README command lines with bash, `verl-grpo` being this checkout's CLI."""
@@ -134,7 +129,7 @@ def shell(tmp_path, s3_server, tiny_model_dir):
     env.pop("PREFECT_API_URL", None)
     env.pop("SKY_RUNTIME_DIR", None)
     env |= {"HOME": str(home), "VERL_GRPO_HOME": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
-            "SKYPILOT_API_SERVER_LOCAL_PORT": str(_free_port())}
+            "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_port())}
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket="my-bucket")
     yield Shell(tmp_path, env)

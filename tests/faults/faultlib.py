@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ports import free_port
 from tiny_data import write_gsm8k_split
 
 from verl_grpo.config import load_config
@@ -125,7 +126,7 @@ class TcpProxy:
 
     def __init__(self, target_port: int):
         self.target_port = target_port
-        self.port = _free_port()
+        self.port = free_port()
         self.rate_bytes_per_s: float | None = None
         """Throttle of client→server bytes (uploads); None forwards at full speed."""
         self.on_upstream: Callable[[int], None] | None = None
@@ -196,7 +197,3 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

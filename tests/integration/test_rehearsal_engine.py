@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT, sky_boundary as sky
 
@@ -83,11 +83,6 @@ def wait(job_id: int, cluster: str | None = None, timeout: float = 60) -> tuple[
 def events(job_id: int, name: str, cluster: str | None = None) -> list[dict]:
     return [e for e in sky.summary(job_id, cluster)["events"] if e["event"] == name]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workdir, s3_bucket, tmp_path):

@@ -6,13 +6,13 @@ YAML, the job's logs or any file the job leaves behind."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from verl_grpo.config import load_config
 from verl_grpo.providers.skypilot import templates
@@ -55,11 +55,6 @@ def rehearsal(tmp_path, monkeypatch):
         assert left.returncode == 1, f"processes of {job} left behind:\n{left.stdout}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _job_group(cfg, token_env: str, port: int) -> str:
     """A job group shaped as the rendered one: the rendered setup (the node's venv with the cluster packages), the
@@ -87,7 +82,7 @@ def test_the_generated_token_reaches_the_services_and_the_trainer_as_a_secret_on
     cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
                            "skypilot.shape=job_group", "services.enabled=[reward]"])
     token_env = cfg.services.token_env
-    yaml = _job_group(cfg, token_env, _free_port())
+    yaml = _job_group(cfg, token_env, free_port())
     values = templates.launch_secrets(cfg, {})  # what the provider passes at launch: a fresh token per launch
     secrets = {k: values[k] for k in rendered_secret_names(yaml)}
     token = secrets[token_env]

@@ -3,6 +3,10 @@
 Everything else in the SkyPilot provider talks to SkyPilot through the functions here, so the launch,
 poll and recovery logic is testable without a cloud, and SkyPilot's own loaders and catalog do the
 offline validation.
+
+Importing it turns SkyPilot's usage collection off (unless the user set its switch): SkyPilot reads the switch
+when it sends, and the local API server it starts inherits this process's environment, so a library caller
+that never went through the CLI or a flow is as quiet as they are.
 """
 
 from __future__ import annotations
@@ -10,6 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from verl_grpo.privacy import apply_quiet_env
+
+apply_quiet_env()
 
 
 @dataclass(frozen=True)
