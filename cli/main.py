@@ -86,7 +86,6 @@ def run(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None
 def _print_where_to_look(summary: dict, cfg) -> None:
     from verl_grpo.summary import (
         curve_lines,
-        decision_beside_warnings,
         metrics_heading,
         mlflow_ui_command,
         outcome_lines,
@@ -100,7 +99,7 @@ def _print_where_to_look(summary: dict, cfg) -> None:
     if summary.get("grpo"):
         click.echo(f"  GRPO's own share  {summary['grpo']}")
     click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  "
-               f"({decision_beside_warnings(summary)})")
+               f"({summary['decision']})")
     for line in summary.get("warnings", []):
         click.secho(f"  warning           {line}", fg="yellow")
     click.echo(f"  checkpoint        {summary['checkpoint']}")

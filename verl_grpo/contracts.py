@@ -167,4 +167,4 @@ class ModelVersion(_Record):
     """The run's actual cloud cost (SkyPilot provider); None on the local provider."""
     health: list[str] = Field(default_factory=list)
     """What went wrong in training without failing it (e.g. no learning signal for several steps), one line each;
-    the decision says it too."""
+    the version's description has a warning paragraph for each below the decision."""

@@ -87,6 +87,13 @@ def model_short_name(name: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", last).strip("-") or "model"
 
 
+def _load_failure(name: Path | str, what: str, error: Exception) -> ConfigError:
+    reason = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return ConfigError(f"model.name {str(name)!r}: {what} could not be loaded ({type(error).__name__}: {reason}); "
+                       "use `-c local` (SmolLM2, installed with the package), `-o model.name=tiny`, a local model "
+                       "directory, or an HF id reachable from this machine")
+
+
 def load_tokenizer(name: str):
     """The tokenizer of `model.name`, resolved as `resolve_model` does; a failure (an HF id offline, a directory
     without tokenizer files) is one ConfigError line naming model.name and the fix."""
@@ -96,14 +103,12 @@ def load_tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(str(source))
     except (OSError, ValueError) as e:
-        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        raise ConfigError(f"model.name {name!r}: its tokenizer could not be loaded ({type(e).__name__}: {reason}); "
-                          "use `-c local` (SmolLM2, installed with the package), `-o model.name=tiny`, a local model "
-                          "directory, or an HF id reachable from this machine") from e
+        raise _load_failure(name, "its tokenizer", e) from e
 
 
 def load_model_and_tokenizer(name_or_path: Path | str, dtype: str = "float32"):
-    """Load a causal LM + tokenizer; failures become ConfigError naming `model.name`."""
+    """Load a causal LM + tokenizer from a resolved model directory or HF id; a failure is one ConfigError line
+    naming `model.name` and the fix."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,10 +116,7 @@ def load_model_and_tokenizer(name_or_path: Path | str, dtype: str = "float32"):
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"model.name {str(name_or_path)!r} could not be loaded ({type(e).__name__}: {e}); use `tiny`, "
-            "`smollm2-135m`, a local model directory, or an HF id reachable from this machine"
-        ) from e
+        raise _load_failure(name_or_path, "the model", e) from e
     return model, tokenizer
 
 

@@ -11,15 +11,6 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.mirrors import warning_line
 from verl_grpo.reward_curve import curve_markdown, curve_text
-from verl_grpo.trainers.signal import decision_note
-
-
-def decision_beside_warnings(summary: dict) -> str:
-    """The decision as a page shows it right above the run's warning lines: without the notes that repeat them."""
-    decision = summary["decision"]
-    for line in summary.get("warnings", []):
-        decision = decision.replace(f"; {decision_note(line)}", "")
-    return decision
 
 
 def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
@@ -158,7 +149,7 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
     png = f"\n\nPNG: `{summary['reward_curve_png']}` (and `plots/reward_curve.png` of the MLflow run)" \
         if summary.get("reward_curve_png") else ""
     return (f"# verl-grpo run `{summary['run_id']}`\n\n"
-            f"**Decision:** {decision_beside_warnings(summary)}\n\n"
+            f"**Decision:** {summary['decision']}\n\n"
             f"**Registered:** {summary['registered']} (aliases: {summary['aliases'] or '-'})\n\n{warnings}"
             f"**MLflow run:** {mlflow_link}\n\n{grpo}"
             f"{header}\n{metrics}\n\n"

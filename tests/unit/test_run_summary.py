@@ -8,7 +8,6 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.reward_curve import reward_curve
 from verl_grpo.summary import summary_dict, summary_markdown
-from verl_grpo.trainers.signal import decision_note
 
 PNG = "/state/store/runs/run-1/reward_curve.png"
 METRICS = {"accuracy": 0.3, "mean_score": 0.4, "format_rate": 0.5, "mean_response_tokens": 80.0,
@@ -26,8 +25,7 @@ def _summary(curve, png=PNG, health=()):
     result = TrainResult(run_id="run-1", final_step=40, checkpoint=None, model_uri="file:///m",
                          metrics_uri="file:///m.jsonl")
     version = ModelVersion(name="verl-grpo-gsm8k", version="2", aliases=["challenger"], mlflow_run_id="abc",
-                           decision="kept champion v1: v2 is not better"
-                           + "".join(f"; {decision_note(finding)}" for finding in health), health=list(health))
+                           decision="kept champion v1: v2 is not better", health=list(health))
     return summary_dict(RunConfig(), "run-1", dataset, result, trained, base, version, changes, curve, png)
 
 
@@ -81,11 +79,10 @@ def test_the_actual_cloud_cost_is_printed_and_the_local_provider_says_nothing(ca
 
 
 def test_a_run_without_learning_signal_is_a_warning_in_the_artifact_and_the_cli(capsys):
-    """The decision says so (the registry's description), and a page shows it once: as the warning line below the
-    decision, which drops the note that repeats it."""
+    """A page shows the finding once: as the warning line below the decision."""
     finding = "no learning signal for 3 consecutive steps (steps 3-5): the rollouts of every prompt scored alike"
     summary = _summary(None, "", health=[finding])
-    assert summary["decision"].endswith(f"; training had {finding}")
+    assert summary["warnings"] == [finding]
     markdown = summary_markdown(summary, "[abc](http://x)")
     assert "**Decision:** kept champion v1: v2 is not better\n" in markdown
     assert f"**Warning:** {finding}" in markdown

@@ -7,7 +7,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -42,7 +42,7 @@ from verl_grpo.registry.versions import (
 )
 from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
-from verl_grpo.trainers.signal import decision_note, run_findings
+from verl_grpo.trainers.signal import run_findings
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +135,8 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
                           cfg.algorithm.max_response_length)
     for finding in health:
         log.warning("run %s: %s", run_id, finding)
-    notes = [grpo_line(changes), *map(decision_note, health)]
     decision = _promote(client, name, version, report, tables, promotion_p_value, champion_report,
-                        "; ".join(n for n in notes if n))
+                        grpo_line(changes), health)
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion, never the champion
         if CHAMPION in client.get_model_version(name, version.version).aliases:
             client.delete_registered_model_alias(name, CHALLENGER)  # none is left: the latest one was promoted
@@ -146,7 +145,7 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     # The runs table and the run page show the outcome where comparisons happen: the description, a decision column.
     tracking.set_tags(client, mlflow_run_id, {
         RUN_NOTE_TAG: f"**{name} v{version.version}**: {decision.reason}\n\n{_headline(report)}"
-                      + "".join(f"\n\n**Warning:** {finding}" for finding in health),
+                      + _warning_paragraphs(health),
         DECISION_TAG: decision.code})  # the version's tag, on its run too: a column the runs table can show
     client.set_terminated(mlflow_run_id, "FINISHED")
     # Last, once the version is registered: a mirror is best effort and its failure is a result, not an error.
@@ -257,11 +256,13 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
 
 
 def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, tables: EvalTables,
-             p_threshold: float, champion_report: EvalReport | None, attribution: str = "") -> Decision:
+             p_threshold: float, champion_report: EvalReport | None, attribution: str = "",
+             health: Sequence[str] = ()) -> Decision:
     """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
 
-    The decision is the version's description and its `promotion.decision` tag; the comparison's numbers are
-    metrics of the version's run. `attribution` (what GRPO added over the run's warm start) follows the reason.
+    The decision's reason opens the version's description, a warning paragraph per `health` finding below it; its
+    code is the `promotion.decision` tag; the comparison's numbers are metrics of the version's run. `attribution`
+    (what GRPO added over the run's warm start) follows the reason.
     """
     recorded = version.tags.get(DECISION_TAG)
     if recorded:
@@ -269,7 +270,7 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         # The crash may have come before the move; a newer champion has since replaced this one.
         if recorded in (FIRST, PROMOTED) and (champion is None or int(champion.version) < int(version.version)):
             _crown(client, name, version, report)
-        return Decision(recorded, version.description or recorded)
+        return Decision(recorded, (version.description or recorded).split("\n\n", 1)[0])  # the reason paragraph
     champion = version_by_alias(client, name, CHAMPION)
     label = f"v{version.version}"
     if champion is None or champion.version == version.version:
@@ -290,11 +291,16 @@ def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, repor
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; {attribution}")
     tracking.log_metrics(client, version.run_id, decision.metrics())
     # The decision tag last: a retry that finds it has the description too and only redoes the alias move.
-    client.update_model_version(name, version.version, description=decision.reason)
+    client.update_model_version(name, version.version, description=decision.reason + _warning_paragraphs(health))
     client.set_model_version_tag(name, version.version, DECISION_TAG, decision.code)
     if decision.promoted:
         _crown(client, name, version, report)
     return decision
+
+
+def _warning_paragraphs(health: Sequence[str]) -> str:
+    """Markdown paragraphs, one per training finding, for a description that opens with its own paragraph."""
+    return "".join(f"\n\n**Warning:** {finding}" for finding in health)
 
 
 def _crown(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport) -> None:

@@ -149,11 +149,6 @@ def run_findings(records: Iterable[Mapping[str, Any]], no_signal_steps: int,
     return [w.removeprefix("warning: ") for record in records if (w := watch.observe(record))]
 
 
-def decision_note(finding: str) -> str:
-    """How a finding reads inside the registry's decision (`...; training had <finding>`)."""
-    return f"training had {finding}"
-
-
 def no_signal_finding(streak: Sequence[Mapping[str, Any]], steps: int, max_response_length: int | None = None) -> str:
     """One line: how long the run has had no signal, what that means, and the likely causes with their fixes."""
     first, last = streak[0].get("step"), streak[-1].get("step")
