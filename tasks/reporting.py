@@ -73,13 +73,12 @@ def _delta(after: float | None, before: float | None) -> float | None:
 def publish_summary(outcome: Outcome) -> dict:
     """The run's outcome where a user looks first: artifacts on the flow run itself (called from the flow's
     body, not as a task, so they show under the flow run) and the same lines in the flow run's log."""
-    cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
+    cfg, run_id, result = outcome.run.cfg, outcome.run.run_id, outcome.train
     report, base, warm, version = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start, outcome.version
     store = Store.from_config(cfg.storage)
     changes = compare_to_base(report, base, EvalTables(store), warm)
     curve = reward_curve(read_lines(store, result.metrics_uri) or [])
-    summary = summary_dict(cfg, run_id, dataset, result, report, base, version, changes, curve,
-                           curve_png_location(store, run_id), warm)
+    summary = summary_dict(outcome, changes, curve, curve_png_location(store, run_id))
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
     link = (f"[{version.mlflow_run_id}]({url})" if url
             else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from verl_grpo.chain import Evals, Outcome, ResolvedRun
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import CheckpointRef, DatasetVersion, EvalReport, TrainResult
 from verl_grpo.layout import eval_table, model_dir
@@ -56,9 +57,15 @@ def stored_report(store: Store, rel: str, model_uri: str, correct: list[bool], s
                       "n": float(len(correct))}, table_uri=store.url(rel), settings_key=settings)
 
 
-def register(cfg, store, dataset, train, report, base, **kw):
-    return register_run(cfg, run_id=train.run_id, dataset=dataset, train=train, report=report, base_report=base,
-                        store=store, tags={"prefect.flow_run_id": "fr-1", "git.sha": "abc123"}, **kw)
+def outcome(cfg, dataset, train, report, base, warm_start_report=None, version=None) -> Outcome:
+    """What the chain hands the registry after evaluation (and, with `version`, the summary after registration)."""
+    return Outcome(ResolvedRun(cfg, train.run_id, resumed=False), dataset, train,
+                   Evals(base=base, trained=report, warm_start=warm_start_report), version)
+
+
+def register(cfg, store, dataset, train, report, base, warm_start_report=None, **kw):
+    return register_run(outcome(cfg, dataset, train, report, base, warm_start_report), store=store,
+                        tags={"prefect.flow_run_id": "fr-1", "git.sha": "abc123"}, **kw)
 
 
 def correct_first(k: int) -> list[bool]:

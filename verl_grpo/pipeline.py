@@ -124,10 +124,8 @@ def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, eva
     cfg = run.cfg
     store = Store.from_config(cfg.storage)
     champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, evals.trained) else None
-    version = register_run(cfg, run_id=run.run_id, dataset=dataset, train=result, report=evals.trained,
-                           base_report=evals.base, warm_start_report=evals.warm_start, store=store, tags=tags or {},
-                           promotion_p_value=cfg.tracking.promotion_p_value, champion_report=champion_report,
-                           cloud_cost=cloud_cost(run))
+    version = register_run(Outcome(run, dataset, result, evals), store=store, tags=tags or {},
+                           champion_report=champion_report, cloud_cost=cloud_cost(run))
     runs.mark_run(store, run.run_id, "completed", model_version=version.version, model_name=version.name)
     return version
 

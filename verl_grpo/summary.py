@@ -6,19 +6,24 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from verl_grpo.chain import Outcome
 from verl_grpo.comparison import MetricChange, grpo_line
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
+from verl_grpo.contracts import ModelVersion
 from verl_grpo.mirrors import warning_line
 from verl_grpo.reward_curve import curve_markdown, curve_text
 
 
-def summary_dict(cfg: RunConfig, run_id: str, dataset: DatasetVersion, result: TrainResult, report: EvalReport,
-                 base: EvalReport, version: ModelVersion, changes: Sequence[MetricChange] = (),
-                 curve: dict | None = None, curve_png: str = "", warm_start: EvalReport | None = None) -> dict:
-    """The run's outcome as flat facts, plus `metrics`: base → (warm start →) trained per eval metric with the
-    paired p-value of each step, `grpo` (what GRPO added over the warm start, "" without one) and `reward_curve`
+def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: dict | None = None,
+                 curve_png: str = "") -> dict:
+    """A registered run's outcome as flat facts, plus `metrics`: base → (warm start →) trained per eval metric with
+    the paired p-value of each step, `grpo` (what GRPO added over the warm start, "" without one) and `reward_curve`
     (verl_grpo.reward_curve.reward_curve of the run's metrics; None when it logged no reward)."""
+    if outcome.evals is None or outcome.version is None:
+        raise ValueError(f"run {outcome.run.run_id}: a summary needs the run's evals and registered version")
+    cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
+    report, base, warm_start, version = (outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start,
+                                         outcome.version)
     acc, base_acc = report.metrics.get("accuracy"), base.metrics.get("accuracy")
     return {
         "run_id": run_id,

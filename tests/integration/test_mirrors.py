@@ -13,7 +13,7 @@ import sys
 import loopback_only
 import pytest
 from mlflow.tracking import MlflowClient
-from registry_runs import correct_first, make_env, make_run, register
+from registry_runs import correct_first, make_env, make_run, outcome, register
 
 from verl_grpo import pipeline
 from verl_grpo.errors import ConfigError
@@ -123,7 +123,7 @@ def test_a_mirror_down_after_training_never_fails_the_registration(wandb_down, t
     assert "wandb_url" not in run.data.tags
     assert all(GOOD_KEY not in str(v) for v in [*run.data.tags.values(), *run.data.params.values()])
 
-    summary = summary_dict(cfg, "run-a", dataset, train, report, base, version)
+    summary = summary_dict(outcome(cfg, dataset, train, report, base, version=version))
     assert summary["warnings"] == [warnings[0]] and summary["mirrors"] == "wandb FAILED"
     assert f"**Warning:** {warnings[0]}" in summary_markdown(summary, "link")
 

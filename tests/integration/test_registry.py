@@ -15,7 +15,7 @@ import torch
 from metrics_lines import trl_lines
 from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
-from registry_runs import SPLIT, N, correct_first, make_env, make_run, register, stored_report
+from registry_runs import SPLIT, N, correct_first, make_env, make_run, outcome, register, stored_report
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.reporting import curve_png_location
@@ -187,8 +187,7 @@ def test_secret_looking_tags_are_refused(env, tiny_model_dir):
     cfg, store, dataset = env
     train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
     with pytest.raises(ConfigError, match="hf_token"):
-        register_run(cfg, run_id="run-a", dataset=dataset, train=train, report=report, base_report=base,
-                     store=store, tags={"hf_token": "abc"})
+        register_run(outcome(cfg, dataset, train, report, base), store=store, tags={"hf_token": "abc"})
 
 
 # What the MLflow UI shows, read through the API the UI reads.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from registry_runs import outcome
 
 from cli.main import _print_where_to_look
 from verl_grpo.comparison import EvalTables, compare_to_base, grpo_line, side_by_side
@@ -71,8 +72,8 @@ def _summary(three, with_warm: bool) -> dict:
     result = TrainResult(run_id="run-1", final_step=40, checkpoint=None, model_uri="file:///m", metrics_uri="file:///m")
     version = ModelVersion(name="verl-grpo-gsm8k", version="1", mlflow_run_id="abc", decision="first")
     warm = warm if with_warm else None
-    return summary_dict(RunConfig(), "run-1", dataset, result, trained, base, version,
-                        compare_to_base(trained, base, EvalTables(store), warm), warm_start=warm)
+    return summary_dict(outcome(RunConfig(), dataset, result, trained, base, warm, version=version),
+                        compare_to_base(trained, base, EvalTables(store), warm))
 
 
 def test_the_cli_and_the_artifact_show_three_columns_and_grpos_share(three, capsys):

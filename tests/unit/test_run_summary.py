@@ -1,6 +1,7 @@
 """What the end of `verl-grpo run` prints and the Prefect summary artifact shows: the learning and every metric."""
 
 from metrics_lines import COMPONENTS, trl_lines
+from registry_runs import outcome
 
 from cli.main import _print_where_to_look
 from verl_grpo.comparison import MetricChange
@@ -26,7 +27,7 @@ def _summary(curve, png=PNG, health=()):
                          metrics_uri="file:///m.jsonl")
     version = ModelVersion(name="verl-grpo-gsm8k", version="2", aliases=["challenger"], mlflow_run_id="abc",
                            decision="kept champion v1: v2 is not better", health=list(health))
-    return summary_dict(RunConfig(), "run-1", dataset, result, trained, base, version, changes, curve, png)
+    return summary_dict(outcome(RunConfig(), dataset, result, trained, base, version=version), changes, curve, png)
 
 
 def test_cli_prints_every_metric_the_reward_curve_and_its_png(capsys):
@@ -67,14 +68,14 @@ def test_the_actual_cloud_cost_is_printed_and_the_local_provider_says_nothing(ca
     report = EvalReport(model_uri="m", split="test", n=50, metrics={"accuracy": 0.3}, table_uri="t", settings_key="s")
     sky = RunConfig.model_validate({"infra": {"provider": "skypilot"}})
     version = ModelVersion(name="v", version="2", mlflow_run_id="abc", cloud_cost=cost)
-    summary = summary_dict(sky, "run-1", dataset, result, report, report, version)
+    summary = summary_dict(outcome(sky, dataset, result, report, report, version=version))
     _print_where_to_look(summary, sky)
 
     out = capsys.readouterr().out
     assert "  cloud cost        4.50 node-hours (2.03 h running, 1 recoveries, 2 job(s)): $65.00 at spot runpod/US" in out
     assert "| cloud_cost | 4.50 node-hours" in summary_markdown(summary, "abc")
-    local = summary_dict(RunConfig(), "run-1", dataset, result, report, report, version.model_copy(
-        update={"cloud_cost": None}))
+    local = summary_dict(outcome(RunConfig(), dataset, result, report, report,
+                                 version=version.model_copy(update={"cloud_cost": None})))
     assert "cloud_cost" not in local
 
 

@@ -15,6 +15,7 @@ from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.tracking import MlflowClient
 
 from verl_grpo import runs
+from verl_grpo.chain import Outcome
 from verl_grpo.comparison import EvalTables, MetricChange, compare_to_base, grpo_line, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 CHAMPION, CHALLENGER = "champion", "challenger"
 RUN_NOTE_TAG = "mlflow.note.content"
 """MLflow's run description (the run page's Description; the runs table's tooltip)."""
-DEFAULT_PROMOTION_P_VALUE = 0.05
 EVAL_ARTIFACT_DIR = "eval"
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
 DECISION_TAG = "promotion.decision"
@@ -64,43 +64,32 @@ REGISTERED_MODEL_ABOUT = ("GRPO post-trained models of verl-grpo. Each version i
                           "only when it is significantly better (McNemar) on the same problems.")
 
 
-def register_run(
-    cfg: RunConfig,
-    *,
-    run_id: str,
-    dataset: DatasetVersion,
-    train: TrainResult,
-    report: EvalReport,
-    base_report: EvalReport | None,
-    store: Store,
-    tags: Mapping[str, str],
-    promotion_p_value: float = DEFAULT_PROMOTION_P_VALUE,
-    champion_report: EvalReport | None = None,
-    cloud_cost: RunCost | None = None,
-    warm_start_report: EvalReport | None = None,
-) -> ModelVersion:
-    """Log the run (params, training curves, eval metrics, artifacts, model) and register its model version.
+def register_run(outcome: Outcome, *, store: Store, tags: Mapping[str, str],
+                 champion_report: EvalReport | None = None, cloud_cost: RunCost | None = None) -> ModelVersion:
+    """Log the run of a chain outcome through evaluation (params, training curves, eval metrics, artifacts, model)
+    and register its model version.
 
     The new version gets alias `challenger` unless the champion is of another line (base model, dataset: see
     registry.lines; then it is registered and nothing else); `champion` moves to it when there is none yet, or
-    when it beats the champion of its line on the same problems and settings with McNemar p < `promotion_p_value`.
-    `champion_report` is the champion re-evaluated with this run's settings, for when the champion's own eval used other
-    settings.
+    when it beats the champion of its line on the same problems and settings with McNemar p <
+    `tracking.promotion_p_value`. `champion_report` is the champion re-evaluated with this run's settings, for when
+    the champion's own eval used other settings.
     `cloud_cost` (the run's actual cloud cost, SkyPilot provider) goes on the run as `cloud/*` metrics and
-    `cloud.*` params. `warm_start_report` (the run's warm-start model, when it had one) goes beside base and trained
-    (`warm_start/*`, paired p-values under `pvalue/*`), and the decision says what GRPO added over it.
+    `cloud.*` params. The run's warm-start report (when it had one) goes beside base and trained (`warm_start/*`,
+    paired p-values under `pvalue/*`), and the decision says what GRPO added over it.
     """
     assert_no_secrets(tags, "register_run tags")
-    with tracking.infra_errors(cfg.tracking.mlflow_uri):
-        return _register(cfg, run_id, dataset, train, report, base_report, store, tags, promotion_p_value,
-                         champion_report, cloud_cost, warm_start_report)
+    if outcome.evals is None:
+        raise ValueError(f"run {outcome.run.run_id}: register_run needs the run's evals")
+    with tracking.infra_errors(outcome.run.cfg.tracking.mlflow_uri):
+        return _register(outcome, store, tags, champion_report, cloud_cost)
 
 
-def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: TrainResult, report: EvalReport,
-              base_report: EvalReport | None, store: Store, tags: Mapping[str, str], promotion_p_value: float,
-              champion_report: EvalReport | None, cloud_cost: RunCost | None = None,
-              warm_start_report: EvalReport | None = None) -> ModelVersion:
+def _register(outcome: Outcome, store: Store, tags: Mapping[str, str], champion_report: EvalReport | None,
+              cloud_cost: RunCost | None) -> ModelVersion:
     started = time.monotonic()
+    cfg, run_id, dataset, train = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
+    report, base_report, warm_start_report = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start
     client = tracking.client_for(cfg.tracking.mlflow_uri)
     exp_id = tracking.experiment_id(client, cfg.experiment_name,
                                     tracking.artifact_location(cfg.tracking.mlflow_uri, cfg.experiment_name))
@@ -116,12 +105,11 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     model = log_hf_model(client, exp_id, mlflow_run_id, resolve_model_dir(train.model_uri, store), f"{name} ({run_id})",
                          step=train.final_step)
     tables = EvalTables(store)
-    changes = compare_to_base(report, base_report, tables, warm_start_report) if base_report is not None else []
+    changes = compare_to_base(report, base_report, tables, warm_start_report)
     summary = eval_summary(report, base_report, warm_start_report)
     metrics = {**summary, **p_value_metrics(changes), FINAL_STEP_METRIC: train.final_step}
     tracking.log_metrics(client, mlflow_run_id, metrics, step=train.final_step, model_id=model.model_id)
-    _log_artifacts(client, mlflow_run_id, cfg, run_id, dataset, {"": report, "base-": base_report,
-                   "warm_start-": warm_start_report}, store, tables, train.metrics_uri)
+    _log_artifacts(client, mlflow_run_id, outcome, store, tables)
     if cloud_cost is not None:
         tracking.log_metrics(client, mlflow_run_id, cloud_cost_metrics(cloud_cost), step=train.final_step)
         tracking.log_params(client, mlflow_run_id, {"cloud.pricing": cloud_cost.pricing,
@@ -135,8 +123,12 @@ def _register(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
                           cfg.algorithm.max_response_length)
     for finding in health:
         log.warning("run %s: %s", run_id, finding)
-    decision = _promote(client, name, version, report, tables, promotion_p_value, champion_report,
-                        grpo_line(changes), health)
+    decision = _recorded_decision(client, name, version, report)
+    if decision is None:
+        decision = _decide(client, name, version, report, tables, champion_report, cfg.tracking.promotion_p_value)
+        if attribution := grpo_line(changes):
+            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {attribution}")
+        _record_decision(client, name, version, report, decision, health)
     if decision.code != OTHER_LINE:  # `challenger`: the latest contender for this line's champion, never the champion
         if CHAMPION in client.get_model_version(name, version.version).aliases:
             client.delete_registered_model_alias(name, CHALLENGER)  # none is left: the latest one was promoted
@@ -220,13 +212,14 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     return {**{str(k): str(v) for k, v in extra.items()}, **tags}
 
 
-def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run_id: str, dataset: DatasetVersion,
-                   reports: Mapping[str, EvalReport | None], store: Store, tables: EvalTables,
-                   metrics_uri: str) -> None:
-    """config.yaml, the data manifest, the eval tables + reports (`reports`: file-name prefix → report; "" the
-    trained model's), the two PNG charts and the reward curve as a markdown table (re-logging overwrites). The
-    reward curve PNG is also kept in the store beside the run."""
-    report, base_report = reports[""], reports.get("base-")
+def _log_artifacts(client: MlflowClient, mlflow_run_id: str, outcome: Outcome, store: Store,
+                   tables: EvalTables) -> None:
+    """config.yaml, the data manifest, the eval tables + reports (file names: `<split>` for the trained model's,
+    `base-<split>`, `warm_start-<split>`), the two PNG charts and the reward curve as a markdown table (re-logging
+    overwrites). The reward curve PNG is also kept in the store beside the run."""
+    cfg, run_id, dataset, metrics_uri = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train.metrics_uri
+    report, base_report, warm = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start
+    reports = {"": report, "base-": base_report, "warm_start-": warm}
     with tempfile.TemporaryDirectory(prefix="verl-grpo-artifacts-") as tmp:
         root = Path(tmp)
         lines = tracking.read_lines(store, metrics_uri) or []
@@ -250,52 +243,53 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, cfg: RunConfig, run
             (evals / f"{prefix}{rep.split}.json").write_text(rep.model_dump_json(indent=2))
         client.log_artifacts(mlflow_run_id, str(root))
     if base_report is not None:  # a table MLflow's UI renders (parquet it cannot preview): problems that flipped first
-        warm = reports.get("warm_start-")
         table = side_by_side(tables.of(report), tables.of(base_report), tables.of(warm) if warm is not None else None)
         client.log_table(mlflow_run_id, table, f"{EVAL_ARTIFACT_DIR}/{report.split}-side_by_side.json")
 
 
-def _promote(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, tables: EvalTables,
-             p_threshold: float, champion_report: EvalReport | None, attribution: str = "",
-             health: Sequence[str] = ()) -> Decision:
-    """Decide once per version and move `champion` if it wins; a retry returns the recorded decision.
-
-    The decision's reason opens the version's description, a warning paragraph per `health` finding below it; its
-    code is the `promotion.decision` tag; the comparison's numbers are metrics of the version's run. `attribution`
-    (what GRPO added over the run's warm start) follows the reason.
-    """
+def _recorded_decision(client: MlflowClient, name: str, version: MlflowModelVersion,
+                       report: EvalReport) -> Decision | None:
+    """The decision a registration of this version recorded before (None for a new version): a retry does not
+    decide again, it only redoes the champion move that a crash may have cut off."""
     recorded = version.tags.get(DECISION_TAG)
-    if recorded:
-        champion = version_by_alias(client, name, CHAMPION)
-        # The crash may have come before the move; a newer champion has since replaced this one.
-        if recorded in (FIRST, PROMOTED) and (champion is None or int(champion.version) < int(version.version)):
-            _crown(client, name, version, report)
-        return Decision(recorded, (version.description or recorded).split("\n\n", 1)[0])  # the reason paragraph
+    if not recorded:
+        return None
+    champion = version_by_alias(client, name, CHAMPION)
+    # The crash may have come before the move; a newer champion has since replaced this one.
+    if recorded in (FIRST, PROMOTED) and (champion is None or int(champion.version) < int(version.version)):
+        _crown(client, name, version, report)
+    return Decision(recorded, (version.description or recorded).split("\n\n", 1)[0])  # the reason paragraph
+
+
+def _decide(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport, tables: EvalTables,
+            champion_report: EvalReport | None, p_threshold: float) -> Decision:
+    """First model, other line, incomparable settings, or McNemar against the champion of this version's line."""
     champion = version_by_alias(client, name, CHAMPION)
     label = f"v{version.version}"
     if champion is None or champion.version == version.version:
-        decision = Decision(FIRST, f"{label} is the first model: it becomes the champion ({_headline(report)})")
-    elif (champion_line := version_line(client, champion)) != (line := version_line(client, version)):
-        decision = Decision(OTHER_LINE, other_line_reason(f"v{champion.version}", champion_line, label, line))
-    else:
-        champ_label = f"v{champion.version}"
-        champ_table = _champion_table(client, champion, report, tables, champion_report)
-        if champ_table is None:
-            decision = Decision(INCOMPARABLE, f"kept champion {champ_label}: it was evaluated with other settings "
-                                f"({champion.tags.get(SETTINGS_TAG)} vs {report.settings_key}); pass the champion "
-                                "re-evaluated with these settings as champion_report to compare")
-        else:
-            decision = decide(tables.of(report), champ_table, p_threshold=p_threshold,
-                              challenger_label=label, champion_label=champ_label)
-    if attribution:
-        decision = dataclasses.replace(decision, reason=f"{decision.reason}; {attribution}")
+        return Decision(FIRST, f"{label} is the first model: it becomes the champion ({_headline(report)})")
+    if (champion_line := version_line(client, champion)) != (line := version_line(client, version)):
+        return Decision(OTHER_LINE, other_line_reason(f"v{champion.version}", champion_line, label, line))
+    champ_label = f"v{champion.version}"
+    champ_table = _champion_table(client, champion, report, tables, champion_report)
+    if champ_table is None:
+        return Decision(INCOMPARABLE, f"kept champion {champ_label}: it was evaluated with other settings "
+                        f"({champion.tags.get(SETTINGS_TAG)} vs {report.settings_key}); pass the champion "
+                        "re-evaluated with these settings as champion_report to compare")
+    return decide(tables.of(report), champ_table, p_threshold=p_threshold, challenger_label=label,
+                  champion_label=champ_label)
+
+
+def _record_decision(client: MlflowClient, name: str, version: MlflowModelVersion, report: EvalReport,
+                     decision: Decision, health: Sequence[str]) -> None:
+    """The decision's numbers as metrics of the version's run; its reason, with a warning paragraph per training
+    finding, as the version's description; its code as the `promotion.decision` tag; `champion` moved on a win."""
     tracking.log_metrics(client, version.run_id, decision.metrics())
     # The decision tag last: a retry that finds it has the description too and only redoes the alias move.
     client.update_model_version(name, version.version, description=decision.reason + _warning_paragraphs(health))
     client.set_model_version_tag(name, version.version, DECISION_TAG, decision.code)
     if decision.promoted:
         _crown(client, name, version, report)
-    return decision
 
 
 def _warning_paragraphs(health: Sequence[str]) -> str:
