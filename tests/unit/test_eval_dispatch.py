@@ -210,13 +210,13 @@ def test_local_provider_evaluates_on_this_machine_without_a_job(monkeypatch, tmp
     report = EvalReport(model_uri="m", split="test", n=1, metrics={"accuracy": 1.0}, table_uri="t", settings_key="k")
 
     def cpu_eval(cfg, model_uri, dataset, store, **kwargs):
-        calls.append((model_uri, kwargs["run_id"]))
+        calls.append((model_uri, kwargs["out_rel"]))
         return report
 
     monkeypatch.setattr("verl_grpo.evaluate.held_out.evaluate_model", cpu_eval)
     cfg = load_config([], [f"storage.uri=file://{tmp_path}"])
     assert held_out.evaluate_trained(cfg, _dataset(f"file://{tmp_path}"), "run-1", "m") == report
-    assert calls == [("m", "run-1")]
+    assert calls == [("m", "runs/run-1/eval/test.parquet")]  # the table beside the run
     assert EvalReport.model_validate_json((tmp_path / "runs/run-1/eval/test.json").read_text()) == report
 
 

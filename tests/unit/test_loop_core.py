@@ -17,7 +17,7 @@ from verl_grpo.trainers.loop.batch import (
     prompt_ids,
     replay_count,
 )
-from verl_grpo.trainers.loop.objective import aggregate, clipped_surrogate, group_advantages, token_logprobs
+from verl_grpo.trainers.loop.objective import Surrogate, aggregate, clipped_surrogate, group_advantages, token_logprobs
 
 
 def test_group_advantages_normalise_within_each_group():
@@ -31,7 +31,7 @@ def test_on_policy_loss_is_minus_mean_advantage_and_its_gradient_follows_it():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
     adv = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[1, 1], [1, 0]])
-    loss, stats = clipped_surrogate(logp, logp.detach(), adv, mask, 0.2, 0.28, "token-mean")
+    loss, stats = clipped_surrogate(logp, logp.detach(), adv, mask, Surrogate(0.2, 0.28))
     assert loss.item() == pytest.approx(-(1 + 1 - 1) / 3)
     assert stats.ratio_mean == pytest.approx(1.0) and stats.clip_fraction == 0.0
     loss.backward()
@@ -44,7 +44,7 @@ def test_on_policy_loss_is_minus_mean_advantage_and_its_gradient_follows_it():
 def test_importance_ratio_is_clipped_asymmetrically(delta, adv, clipped):
     behaviour = torch.tensor([[-1.0]])
     new = (behaviour + delta).requires_grad_(True)
-    loss, stats = clipped_surrogate(new, behaviour, torch.tensor([adv]), torch.ones(1, 1), 0.2, 0.28, "token-mean")
+    loss, stats = clipped_surrogate(new, behaviour, torch.tensor([adv]), torch.ones(1, 1), Surrogate(0.2, 0.28))
     ratio = math.exp(delta)
     bounded = min(max(ratio, 0.8), 1.28)
     assert loss.item() == pytest.approx(max(-adv * ratio, -adv * bounded))
@@ -147,8 +147,8 @@ def test_update_on_policy_matches_whole_batch_loss_in_micro_batches():
     for micro in (None, 1):
         torch.manual_seed(0)
         model = Tiny()
-        upd = PolicyUpdate(model, torch.optim.AdamW(model.parameters(), lr=0.0), temperature=1.0, clip_low=0.2,
-                           clip_high=0.28, loss_agg_mode="token-mean", max_response_length=4, micro_batch_size=micro)
+        upd = PolicyUpdate(model, torch.optim.AdamW(model.parameters(), lr=0.0), temperature=1.0,
+                           surrogate=Surrogate(0.2, 0.28, "token-mean", 4), micro_batch_size=micro)
         losses.append(upd.step(groups).loss)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 

@@ -91,30 +91,30 @@ def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> Data
         return version_from_manifest(store, rel, manifest)
 
     built = build_rows(builder, source.read_records(), system_prompt, dcfg.user_template, cfg, tokenizer)
-    manifest = _write_version(store, rel, builder, built, source, settings, full_hash, started, uses_tool_agent(cfg))
+    manifest = _write_version(store, builder, built, source, settings, full_hash, started)
     return version_from_manifest(store, rel, manifest)
 
 
 def _write_version(
     store: Store,
-    rel: str,
     builder: DatasetBuilder,
     built: BuiltRows,
     source: RawSource,
     settings: dict[str, Any],
     full_hash: str,
     started: float,
-    tool_agent: bool = False,
 ) -> dict[str, Any]:
-    """Upload every parquet file, then the manifest (last: its presence marks the version complete)."""
-    schema = row_schema(builder.extra_fields, tool_agent)
+    """Upload every parquet file, then the manifest (last: its presence marks the version complete), into the
+    version's directory (`dataset_dir(name, hash)`); rows carry the tool agent's fields when `settings` name it."""
+    digest = full_hash[:HASH_CHARS]
+    rel = dataset_dir(builder.name, digest)
+    schema = row_schema(builder.extra_fields, tool_agent="agent_name" in settings)
     with tempfile.TemporaryDirectory(prefix="verl-grpo-data-") as tmp:
         for split, rows in built.splits.items():
             _write_parquet(store, Path(tmp), rel, f"{split}.parquet", pa.Table.from_pylist(rows, schema=schema))
         rejected = pa.Table.from_pylist(built.rejected, schema=REJECTED_SCHEMA)
         _write_parquet(store, Path(tmp), rel, REJECTED_FILE, rejected)
     by_reason = dict(Counter(r["reason"] for r in built.rejected))
-    digest = full_hash[:HASH_CHARS]
     manifest = {
         "name": builder.name,
         "hash": digest,

@@ -33,7 +33,7 @@ from verl_grpo.evaluate.runner import (
     evaluate_shard,
     write_run_report,
 )
-from verl_grpo.layout import eval_report, warm_start_model_dir, warm_start_result
+from verl_grpo.layout import eval_report, eval_table, warm_start_model_dir, warm_start_result
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 
@@ -74,7 +74,8 @@ def evaluate_trained(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model
             raise InfraError(f"run {run_id}: eval job {job.name} ended {state.phase} ({state.failure_reason}); "
                              "retry the evaluate step")
         return EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
-    report = evaluate_model(cfg, model_uri, dataset, store, run_id=run_id, progress=progress)
+    report = evaluate_model(cfg, model_uri, dataset, store, out_rel=eval_table(run_id, cfg.eval.split),
+                            progress=progress)
     write_run_report(store, run_id, report)
     return report
 
@@ -141,7 +142,7 @@ def score_shards(cfg: RunConfig, dataset: DatasetVersion, shards: Sequence[EvalS
     store = Store.from_config(cfg.storage)
     if not isinstance(model, RunModel):
         return evaluate_cached(cfg, _cached_model_uri(cfg, model), dataset, store, shards=shards)
-    report = evaluate_model(cfg, model.model_uri, dataset, store, run_id=model.run_id,
+    report = evaluate_model(cfg, model.model_uri, dataset, store, out_rel=eval_table(model.run_id, cfg.eval.split),
                             shards=[s for s in shards if s])
     write_run_report(store, model.run_id, report)
     return report

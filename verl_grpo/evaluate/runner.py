@@ -94,25 +94,23 @@ def evaluate_model(
     store: Store,
     *,
     out_rel: str | None = None,
-    run_id: str | None = None,
     progress: Progress | None = None,
-    scorer: Scorer | None = None,
     shards: Sequence[EvalShard] | None = None,
 ) -> EvalReport:
     """Greedy mean@1 (plus pass@k/maj@k when `samples` > 0) of a model on the held-out split.
 
-    The per-problem table goes to `out_rel` (relative to the store root), by default
-    `runs/{run_id}/eval/{split}.parquet` (run_id given, or read off a `runs/{run_id}/model` URI).
+    The per-problem table goes to `out_rel` (relative to the store root; a run's is `layout.eval_table(run_id,
+    split)`), by default the run's that a `runs/{run_id}/model` URI names.
     `shards`: the responses of every shard (`evaluate_shard` 0..eval.shards-1); given, nothing is generated here.
     """
     plan = plan_eval(cfg, dataset, store)
     if out_rel is None:
-        out_rel = eval_table(run_id, plan.split) if run_id else _default_table(model_uri_or_path, store, plan.split)
+        out_rel = _default_table(model_uri_or_path, store, plan.split)
     if shards is not None:
-        return finish_eval(plan, model_uri_or_path, shards, store, out_rel, scorer=scorer)
+        return finish_eval(plan, model_uri_or_path, shards, store, out_rel)
     model_dir = resolve_model_dir(model_uri_or_path, store)
     generator = _load_generator(cfg, model_dir)
-    return run_eval(plan, model_uri_or_path, generator, store, out_rel, progress=progress, scorer=scorer)
+    return run_eval(plan, model_uri_or_path, generator, store, out_rel, progress=progress)
 
 
 def evaluate_cached(

@@ -160,13 +160,17 @@ def index_dir(name: str) -> str:
     return retrieval_index_dir(name)
 
 
+EMBED_BATCH = 64
+"""Passages the embedder encodes at once while an index is built."""
+
+
 def build_index(store: Store, name: str, passages: list[Passage], embedder: Embedder, kind: str = "hnsw",
-                corpus: str = "", progress: Any = None, batch_size: int = 64) -> RetrievalIndex:
+                corpus: str = "", progress: Any = None) -> RetrievalIndex:
     """Embed the passages, build the FAISS index and commit it to the store (meta.json last)."""
     import faiss
 
     texts = [f"{p.title}. {p.text}" if p.title else p.text for p in passages]
-    embeddings = embedder.encode(texts, batch_size=batch_size, progress=progress)
+    embeddings = embedder.encode(texts, batch_size=EMBED_BATCH, progress=progress)
     index = make_faiss_index(embeddings, kind)
     meta = {"name": name, "kind": kind, "model": embedder.name, "dim": int(embeddings.shape[1]),
             "passages": len(passages), "corpus": corpus, "faiss": faiss.__version__}

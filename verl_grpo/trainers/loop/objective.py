@@ -48,14 +48,30 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_leng
     return per_seq.mean()
 
 
+@dataclass(frozen=True)
+class Surrogate:
+    """The clipped surrogate's settings (`algorithm.*` of the run)."""
+
+    clip_low: float
+    clip_high: float
+    loss_agg_mode: str = "token-mean"
+    norm_length: int | None = None
+    """seq-mean-token-sum-norm's divisor (the run's max_response_length); None: the padded length."""
+
+    @classmethod
+    def of(cls, algorithm) -> Surrogate:
+        """From an AlgorithmConfig."""
+        return cls(algorithm.clip_low, algorithm.clip_high, algorithm.loss_agg_mode, algorithm.max_response_length)
+
+
 def clipped_surrogate(logp_new: torch.Tensor, logp_behaviour: torch.Tensor, advantages: torch.Tensor,
-                      mask: torch.Tensor, clip_low: float, clip_high: float, loss_agg_mode: str,
-                      norm_length: int | None = None) -> tuple[torch.Tensor, LossStats]:
+                      mask: torch.Tensor, settings: Surrogate) -> tuple[torch.Tensor, LossStats]:
     """PPO's clipped surrogate with DAPO's asymmetric clip, per token:
     max(-A·ratio, -A·clamp(ratio, 1 - clip_low, 1 + clip_high)), ratio = exp(logp_new - logp_behaviour), aggregated
     over the `mask`ed response tokens by `loss_agg_mode`. All tensors are [sequences, tokens] except advantages
     ([sequences] or [sequences, tokens]). The behaviour log-probs make replayed and stale samples off-policy
     corrected (the ratio is the importance weight, clipped)."""
+    clip_low, clip_high = settings.clip_low, settings.clip_high
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp_new)
     log_ratio = (logp_new - logp_behaviour).clamp(-20.0, 20.0)
@@ -63,7 +79,7 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_behaviour: torch.Tensor, adva
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     token_loss = torch.maximum(unclipped, clipped)
-    loss = aggregate(token_loss, mask, loss_agg_mode, norm_length)
+    loss = aggregate(token_loss, mask, settings.loss_agg_mode, settings.norm_length)
     with torch.no_grad():
         active = mask.bool()
         n = max(int(active.sum()), 1)

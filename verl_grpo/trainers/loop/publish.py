@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from verl_grpo.checkpoints import CheckpointStore
@@ -24,10 +23,16 @@ SUMMARY = SummaryNames(
 )
 
 
+FINAL_MODEL_DIR = "final_model"
+"""The worker directory's subdirectory the final model is saved into before its upload."""
+
+
 def publish(spec: WorkerSpec, checkpoints: CheckpointStore, metrics: MetricsLog, state: LoopState,
-            last_ref: CheckpointRef | None, final_dir: Path, servers: dict[str, int],
+            last_ref: CheckpointRef | None, servers: dict[str, int],
             warm_summary: dict[str, float] | None = None) -> TrainResult:
-    store = spec.store
+    """Upload the final model (saved in the worker directory's FINAL_MODEL_DIR) and the metrics, and write the
+    run's TrainResult to the store and the worker directory."""
+    store, final_dir = spec.store, spec.workdir / FINAL_MODEL_DIR
     retrying = checkpoints.retrying
     retrying("remove the previous model", lambda: store.rm(model_dir(spec.run_id)))
     model_uri = retrying("upload the final model", lambda: store.put_dir(final_dir, model_dir(spec.run_id)))

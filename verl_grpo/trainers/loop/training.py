@@ -33,9 +33,10 @@ from verl_grpo.services.client import ServiceClient, service_url
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
 from verl_grpo.trainers.loop.batch import Group, LoopState, choose_replays, is_stale, replay_count, staleness
-from verl_grpo.trainers.loop.publish import publish
+from verl_grpo.trainers.loop.objective import Surrogate
+from verl_grpo.trainers.loop.publish import FINAL_MODEL_DIR, publish
 from verl_grpo.trainers.loop.rollouts import RolloutProducer
-from verl_grpo.trainers.loop.update import PolicyUpdate
+from verl_grpo.trainers.loop.update import PolicyUpdate, UpdateStats
 from verl_grpo.trainers.signal import CLIPPED_RATIO, MEAN_LENGTH, TIED_GROUP_SHARE, NoSignalWatch
 from verl_grpo.trainers.worker.errors import check_workdir
 from verl_grpo.trainers.worker.metrics import MetricsLog
@@ -91,7 +92,7 @@ def run(spec: WorkerSpec) -> TrainResult:
     metrics = MetricsLog(spec.workdir / METRICS_FILE)
     local = LocalCheckpoints(spec.workdir / "checkpoints", STEP_PREFIX)
     restored = restore_latest(checkpoints, spec.run_id, local)
-    total_steps = cfg.algorithm.planned_steps(spec.dataset.counts.get("train"))
+    total_steps = spec.planned_steps
     from verl_grpo.models import load_model_and_tokenizer, resolve_model
 
     if restored is None:
@@ -111,18 +112,18 @@ def run(spec: WorkerSpec) -> TrainResult:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.algorithm.lr)
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)
-    final_dir = spec.workdir / "final_model"
+    final_dir = spec.workdir / FINAL_MODEL_DIR
     shutil.rmtree(final_dir, ignore_errors=True)
     servers: dict[str, int] = {}
     if state.step < total_steps:
-        loop = Loop(spec, model, tokenizer, optimizer, state, metrics, checkpoints, total_steps)
+        loop = Loop(spec, model, tokenizer, optimizer, state, metrics, checkpoints)
         last_ref = loop.run(start_model) or last_ref
         servers = loop.server_versions
     else:
         say(f"run {spec.run_id} already reached step {state.step}; publishing that checkpoint")
     model.save_pretrained(final_dir, safe_serialization=True)
     tokenizer.save_pretrained(final_dir)
-    return publish(spec, checkpoints, metrics, state, last_ref, final_dir, servers, warm_summary)
+    return publish(spec, checkpoints, metrics, state, last_ref, servers, warm_summary)
 
 
 def _base_model(spec: WorkerSpec, resolve_model) -> Path | str:
@@ -151,19 +152,33 @@ def _committed_warm_start(spec: WorkerSpec) -> dict[str, float]:
     return summary_of(result) if result else {}
 
 
+@dataclass
+class StepBatch:
+    """The groups one step trained on (fresh from the rollout fleet, replayed from the buffer) and what it dropped."""
+
+    replayed: list[Group]
+    dropped_replay: int
+    """Replay items the buffer handed back too stale to train."""
+    fresh: list[Group] = field(default_factory=list)
+    dropped: list[Group] = field(default_factory=list)
+    """Fresh groups too stale to train by the time the step took them."""
+
+    @property
+    def trained(self) -> list[Group]:
+        return [*self.fresh, *self.replayed]
+
+
 class Loop:
     """The training steps of one attempt, with the rollout fleet and the services."""
 
     def __init__(self, spec: WorkerSpec, model, tokenizer, optimizer, state: LoopState, metrics: MetricsLog,
-                 checkpoints: CheckpointStore, total_steps: int):
+                 checkpoints: CheckpointStore):
         cfg = spec.cfg
         self.spec, self.cfg, self.model, self.tokenizer = spec, cfg, model, tokenizer
         self.optimizer, self.state, self.metrics, self.checkpoints = optimizer, state, metrics, checkpoints
-        self.total_steps = total_steps
+        self.total_steps = spec.planned_steps
         alg = cfg.algorithm
-        self.updater = PolicyUpdate(model, optimizer, temperature=alg.temperature, clip_low=alg.clip_low,
-                                    clip_high=alg.clip_high, loss_agg_mode=alg.loss_agg_mode,
-                                    max_response_length=alg.max_response_length,
+        self.updater = PolicyUpdate(model, optimizer, surrogate=Surrogate.of(alg), temperature=alg.temperature,
                                     micro_batch_size=cfg.trainer.micro_batch_size,
                                     pad_id=tokenizer.pad_token_id or 0)
         self.want_replay = replay_count(alg.train_batch_size, cfg.async_training.replay_share)
@@ -218,35 +233,35 @@ class Loop:
         replayed, retire, dropped_replay = self._replays(services, current)
         t = times.add("replay", t)
         taken: list[Group] = []
-        fresh: list[Group] = []
-        dropped: list[Group] = []
+        batch = StepBatch(replayed=replayed, dropped_replay=dropped_replay)
         generate_s = reward_s = 0.0
-        while len(replayed) + len(fresh) < alg.train_batch_size:
+        while len(replayed) + len(batch.fresh) < alg.train_batch_size:
             produced = producer.take()
             generate_s, reward_s = max(generate_s, produced.generate_s), max(reward_s, produced.reward_s)
             group = produced.group
             taken.append(group)
-            (dropped if is_stale(group.policy_version, current, at.max_staleness) else fresh).append(group)
+            stale = is_stale(group.policy_version, current, at.max_staleness)
+            (batch.dropped if stale else batch.fresh).append(group)
         t = times.add("rollout_wait", t)
-        groups = [*fresh, *replayed]
+        groups = batch.trained
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = warmup_lr(alg.lr, alg.warmup_steps, state.step + 1)
         stats = self.updater.step(groups)
         t = times.add("update", t)
         state.record(groups, current)
         state.advance(taken)  # past every fresh prompt taken, dropped ones included, in the data-server's order
-        state.dropped_stale_total += dropped_replay + len(dropped)
+        state.dropped_stale_total += dropped_replay + len(batch.dropped)
         state.step += 1
         state.updates_since_push += 1
         services.replay.post("/add", {"items": [{"data": g.payload(), "reward": g.mean_reward,
-                                                  "policy_version": g.policy_version} for g in fresh]})
+                                                  "policy_version": g.policy_version} for g in batch.fresh]})
         self.pending_retire.update(retire)
         t = times.add("replay", t)
         if state.updates_since_push >= at.trigger_parameter_sync_step:
             self._push_weights()
             t = times.add("weight_push", t)
         times.seconds["generate"], times.seconds["reward"] = generate_s, reward_s
-        record = self._record(groups, fresh, replayed, dropped, dropped_replay, current, stats, times)
+        record = self._record(batch, current, stats, times)
         self.metrics.append(record)
         say(progress_line(record, self.total_steps) + f" version={state.policy_version} "
             f"replay={record['replay/share']:.3g} stale={record['staleness/max']} dropped={record['dropped_stale']}")
@@ -304,7 +319,8 @@ class Loop:
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _record(self, groups, fresh, replayed, dropped, dropped_replay, current, stats, times) -> dict[str, Any]:
+    def _record(self, batch: StepBatch, current: int, stats: UpdateStats, times: StepTimes) -> dict[str, Any]:
+        groups, fresh, replayed, dropped = batch.trained, batch.fresh, batch.replayed, batch.dropped
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         fresh_rewards = [r for g in fresh for r in g.rewards]
         lengths = [len(r.token_ids) for g in groups for r in g.rollouts]
@@ -331,7 +347,7 @@ class Loop:
             "replay/share": len(replayed) / max(len(groups), 1),
             "staleness/max": max(lags, default=0),
             "staleness/mean": sum(lags) / max(len(lags), 1),
-            "dropped_stale": dropped_replay + len(dropped),
+            "dropped_stale": batch.dropped_replay + len(dropped),
             "dropped_stale_total": self.state.dropped_stale_total,
             "fresh_prompt_ids": [g.prompt_id for g in fresh],
             "replayed_prompt_ids": [g.prompt_id for g in replayed],

@@ -10,7 +10,7 @@ import torch
 
 from verl_grpo.errors import TrainingError
 from verl_grpo.trainers.loop.batch import Group
-from verl_grpo.trainers.loop.objective import clipped_surrogate, group_advantages, token_logprobs
+from verl_grpo.trainers.loop.objective import Surrogate, clipped_surrogate, group_advantages, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,11 @@ class UpdateStats:
 class PolicyUpdate:
     """One optimizer step over a step's groups, in micro-batches whose losses add up to the whole step's loss."""
 
-    def __init__(self, model, optimizer: torch.optim.Optimizer, *, temperature: float, clip_low: float,
-                 clip_high: float, loss_agg_mode: str, max_response_length: int, micro_batch_size: int | None,
-                 max_grad_norm: float = 1.0, pad_id: int = 0):
-        self.model, self.optimizer = model, optimizer
-        self.temperature, self.clip_low, self.clip_high = temperature, clip_low, clip_high
-        self.loss_agg_mode, self.max_response_length = loss_agg_mode, max_response_length
-        self.micro_batch_size, self.max_grad_norm, self.pad_id = micro_batch_size, max_grad_norm, pad_id
+    def __init__(self, model, optimizer: torch.optim.Optimizer, *, surrogate: Surrogate, temperature: float,
+                 micro_batch_size: int | None, max_grad_norm: float = 1.0, pad_id: int = 0):
+        self.model, self.optimizer, self.surrogate = model, optimizer, surrogate
+        self.temperature, self.micro_batch_size, self.max_grad_norm, self.pad_id = (temperature, micro_batch_size,
+                                                                                   max_grad_norm, pad_id)
 
     def step(self, groups: Sequence[Group]) -> UpdateStats:
         seqs = build_sequences(groups, self.pad_id)
@@ -91,10 +89,10 @@ class PolicyUpdate:
             mask = seqs.response_mask[part, cols]
             logp = token_logprobs(logits[:, :-1], seqs.targets[part, cols], self.temperature)
             loss, stats = clipped_surrogate(logp, seqs.behaviour[part, cols], seqs.advantages[part], mask,
-                                            self.clip_low, self.clip_high, self.loss_agg_mode,
-                                            self.max_response_length)
+                                            self.surrogate)
             # token-mean divides by the step's active tokens, the seq-mean modes by its sequences
-            share = float(mask.sum()) / total_tokens if self.loss_agg_mode == "token-mean" else (part.stop - lo) / n
+            token_mean = self.surrogate.loss_agg_mode == "token-mean"
+            share = float(mask.sum()) / total_tokens if token_mean else (part.stop - lo) / n
             (loss * share).backward()
             loss_sum += float(loss.detach()) * share
             clip += stats.clip_fraction * share

@@ -20,8 +20,10 @@ from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
 from verl_grpo.layout import METRICS_FILE
 from verl_grpo.trainers.signal import ALL_TIED, TIED_GROUP_SHARE, NoSignalWatch, all_tied
+from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.metrics import MetricsLog
 from verl_grpo.trainers.worker.progress import progress_line
+from verl_grpo.trainers.worker.spec import WorkerSpec
 from verl_grpo.trainers.worker.termination import Termination
 
 
@@ -46,18 +48,19 @@ class StoreCallback(TrainerCallback):
     """Per log: a metrics line + a progress line, then the no-signal watch. Per save: hand the checkpoint (with
     metrics) to the saver."""
 
-    def __init__(self, *, run_id: str, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
-                 keep_last: int, consumed_prompts: list, termination: Termination, prompts_per_step: int,
-                 staging_dir: Path, no_signal: NoSignalWatch | None = None):
-        self.run_id = run_id
-        self.no_signal = no_signal
+    def __init__(self, spec: WorkerSpec, *, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
+                 consumed_prompts: list, termination: Termination, staging_dir: Path):
+        """`consumed_prompts`: the list the trainer appends each step's prompt indices to (moved into the step's
+        metrics line); `staging_dir`: where a checkpoint waits for its upload."""
+        self.run_id = spec.run_id
+        self.no_signal = NoSignalWatch.from_config(spec.cfg)
         self.total_steps = total_steps
         self.metrics = metrics
         self.checkpoints = checkpoints
-        self.keep_last = keep_last
+        self.keep_last = spec.cfg.storage.keep_last
         self.consumed_prompts = consumed_prompts
         self.termination = termination
-        self.prompts_per_step = prompts_per_step
+        self.prompts_per_step = batch_layout(spec.cfg).prompts_per_step
         self.last_ref: CheckpointRef | None = None
         self.final_logs: dict[str, float] = {}
         self.saver = BackgroundSaver(checkpoints, on_committed=self.committed, staging_dir=staging_dir)

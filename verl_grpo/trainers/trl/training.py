@@ -27,13 +27,11 @@ from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.exits import RESULT_FILE
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
 from verl_grpo.trainers.run_summary import SummaryNames, summarize
-from verl_grpo.trainers.signal import NoSignalWatch
 from verl_grpo.trainers.trl.backend import grpo_args
 from verl_grpo.trainers.trl.callbacks import StoreCallback, say
 from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
 from verl_grpo.trainers.trl.tools import tool_functions, with_tool_template
 from verl_grpo.trainers.trl.warm_start import committed_result, summary_of, warm_started_model
-from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.errors import check_workdir
 from verl_grpo.trainers.worker.metrics import MetricsLog
 from verl_grpo.trainers.worker.spec import WorkerSpec
@@ -103,11 +101,6 @@ def _reward_functions(cfg, data_source: str):
     return trl_reward_functions(data_source)
 
 
-def planned_steps(spec: WorkerSpec) -> int:
-    """The steps this run trains: algorithm.total_steps, or fewer when algorithm.total_epochs ends it first."""
-    return spec.cfg.algorithm.planned_steps(spec.dataset.counts.get("train"))
-
-
 def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     """Train (resuming if the store has a checkpoint), publish the final model, return the TrainResult."""
     import torch
@@ -130,7 +123,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     upload_wait_s = 0.0
     warm = committed_result(spec) if spec.cfg.warm_start.enabled and resume_dir else None
     warm_summary = summary_of(warm) if warm else {}
-    if resumed_ref is not None and resumed_ref.step >= planned_steps(spec):
+    if resumed_ref is not None and resumed_ref.step >= spec.planned_steps:
         # HF Trainer would run one more step past max_steps; the run is done, only its publishing was cut short.
         print(f"run {spec.run_id} already reached step {resumed_ref.step}; publishing that checkpoint", flush=True)
         export_model(resume_dir, final_dir)
@@ -183,16 +176,13 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     if tools:
         tokenizer = with_tool_template(tokenizer, cfg.model.name)
         say(f"tools: {', '.join(t.__name__ for t in tools)} (multi-turn rollouts; each call asks the retrieval-server)")
-    total_steps = planned_steps(spec)
+    total_steps = spec.planned_steps
     args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights), total_steps=total_steps)
     say(precision_line(cfg.trainer.precision, args.use_cpu))
     consumed: list = []
-    callback = StoreCallback(
-        run_id=spec.run_id, total_steps=total_steps, metrics=metrics, checkpoints=checkpoints,
-        keep_last=cfg.storage.keep_last, consumed_prompts=consumed, termination=termination,
-        prompts_per_step=batch_layout(cfg).prompts_per_step, staging_dir=spec.workdir / STAGING_DIR,
-        no_signal=NoSignalWatch.from_config(cfg),
-    )
+    callback = StoreCallback(spec, total_steps=total_steps, metrics=metrics, checkpoints=checkpoints,
+                             consumed_prompts=consumed, termination=termination,
+                             staging_dir=spec.workdir / STAGING_DIR)
     trainer = RecordingGRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
                                    train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback],
                                    tools=tools or None)

@@ -36,6 +36,11 @@ class WorkerSpec:
     def store(self) -> Store:
         return Store(self.store_uri, self.store_endpoint)
 
+    @property
+    def planned_steps(self) -> int:
+        """The steps this run trains: algorithm.total_steps, or fewer when algorithm.total_epochs ends it first."""
+        return self.cfg.algorithm.planned_steps(self.dataset.counts.get("train"))
+
 
 def load_spec(path: Path) -> WorkerSpec:
     try:
