@@ -28,15 +28,7 @@ from verl_grpo.data.prepare import load_split, version_from_manifest
 from verl_grpo.errors import DataError
 from verl_grpo.layout import DATASET_MANIFEST as MANIFEST, dataset_dir, dataset_versions
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    ServiceError,
-    cli_errors,
-    create_app,
-    resolve_token,
-    run_server,
-    serve_options,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
 from verl_grpo.services.state import ServiceState, service_state, store_options
 from verl_grpo.store import Store, strip_scheme
 
@@ -234,21 +226,18 @@ def cli() -> None:
     """data-server: prompt batches from a prepared dataset."""
 
 
-@cli.command()
-@serve_options(SPEC.port)
-@store_options
-@click.option("--dataset-uri", default=None, help=f"Prepared dataset version dir (default: ${DATASET_URI_ENV}).")
-@click.option("--dataset", "dataset_name", default=None, help="Dataset name; serves its newest prepared version.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--max-batch", type=int, default=1024, show_default=True)
-@cli_errors
-def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
-          store_uri, store_endpoint, run_id, dataset_uri, dataset_name, seed, max_batch) -> None:
-    token = resolve_token(host, token_env, token_file, no_auth)
+@serve_command(cli, SPEC.port, store_options,
+               click.option("--dataset-uri", default=None,
+                            help=f"Prepared dataset version dir (default: ${DATASET_URI_ENV})."),
+               click.option("--dataset", "dataset_name", default=None,
+                            help="Dataset name; serves its newest prepared version."),
+               click.option("--seed", type=int, default=0, show_default=True),
+               click.option("--max-batch", type=int, default=1024, show_default=True))
+def serve(serving: Serving, store_uri, store_endpoint, run_id, dataset_uri, dataset_name, seed, max_batch) -> None:
     state = service_state(SPEC.task, store_uri, store_endpoint, run_id)
     dataset = find_dataset(state.store, dataset_uri, dataset_name)
     server = DataServer(dataset, state.store, state, seed=seed)
-    run_server(build_app(server, token, max_body_bytes, max_batch), host, port, log_level, exit_with_parent)
+    serving.run(build_app(server, serving.token, serving.max_body_bytes, max_batch))
 
 
 if __name__ == "__main__":

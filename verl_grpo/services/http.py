@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class SafeJSONResponse(JSONResponse):
@@ -216,6 +218,53 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 # ---- the `serve` CLI -------------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Serving:
+    """What every `serve` command shares, from its common options: where it listens, its resolved token (None with
+    --no-auth on loopback), the request size limit, the parent watch and the log level."""
+
+    host: str
+    port: int
+    token: str | None
+    max_body_bytes: int
+    exit_with_parent: bool
+    log_level: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def run(self, app: FastAPI) -> None:
+        run_server(app, self.host, self.port, self.log_level, self.exit_with_parent)
+
+
+def serve_command(group: click.Group, default_port: int, *options: Callable) -> Callable:
+    """Declare a service's `serve` command on `group`: the shared options (serve_options) arrive as one `Serving`,
+    the first argument, logging is configured before the service builds its state, `options` are the service's own
+    click options (its remaining arguments), and the package's errors end the process cleanly (cli_errors).
+
+        @serve_command(cli, SPEC.port, click.option("--max-items", type=int, default=4096))
+        def serve(serving: Serving, max_items: int) -> None:
+            serving.run(build_app(..., serving.token, serving.max_body_bytes, max_items))
+    """
+    import functools
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def command(host: str, port: int, token_env: str, token_file: str | None, no_auth: bool,
+                    max_body_bytes: int, exit_with_parent: bool, log_level: str, **own: Any) -> Any:
+            logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+            token = resolve_token(host, token_env, token_file, no_auth)
+            return fn(Serving(host, port, token, max_body_bytes, exit_with_parent, log_level), **own)
+
+        wrapped = cli_errors(command)
+        for option in reversed(options):
+            wrapped = option(wrapped)
+        return group.command("serve")(serve_options(default_port)(wrapped))
+
+    return decorate
+
+
 def serve_options(default_port: int) -> Callable:
     """Click options every `serve` command shares."""
 
@@ -266,7 +315,7 @@ def run_server(app: FastAPI, host: str, port: int, log_level: str = "info", exit
     """Serve until SIGTERM/SIGINT (uvicorn drains in-flight requests first)."""
     import uvicorn
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     if exit_with_parent:
         _watch_parent()
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=True, timeout_graceful_shutdown=10,

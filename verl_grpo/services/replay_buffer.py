@@ -29,15 +29,7 @@ from pydantic import BaseModel, Field, JsonValue, field_validator
 
 from verl_grpo.errors import InfraError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    ServiceError,
-    cli_errors,
-    create_app,
-    resolve_token,
-    run_server,
-    serve_options,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
 from verl_grpo.services.state import ServiceState, service_state, store_options
 
 logger = logging.getLogger(__name__)
@@ -323,20 +315,16 @@ def cli() -> None:
     """replay-buffer: prioritised experience replay over HTTP."""
 
 
-@cli.command()
-@serve_options(SPEC.port)
-@store_options
-@click.option("--capacity", type=int, default=10000, show_default=True)
-@click.option("--alpha", type=float, default=0.6, show_default=True)
-@click.option("--compact-every", type=int, default=64, show_default=True)
-@click.option("--seed", type=int, default=None, help="Seed of the sampling RNG (default: fresh entropy).")
-@cli_errors
-def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
-          store_uri, store_endpoint, run_id, capacity, alpha, compact_every, seed) -> None:
-    token = resolve_token(host, token_env, token_file, no_auth)
+@serve_command(cli, SPEC.port, store_options,
+               click.option("--capacity", type=int, default=10000, show_default=True),
+               click.option("--alpha", type=float, default=0.6, show_default=True),
+               click.option("--compact-every", type=int, default=64, show_default=True),
+               click.option("--seed", type=int, default=None,
+                            help="Seed of the sampling RNG (default: fresh entropy)."))
+def serve(serving: Serving, store_uri, store_endpoint, run_id, capacity, alpha, compact_every, seed) -> None:
     state = service_state(SPEC.task, store_uri, store_endpoint, run_id)
     buffer = PersistentReplayBuffer(state, capacity, alpha, compact_every, seed)
-    run_server(build_app(buffer, token, max_body_bytes), host, port, log_level, exit_with_parent)
+    serving.run(build_app(buffer, serving.token, serving.max_body_bytes))
 
 
 if __name__ == "__main__":

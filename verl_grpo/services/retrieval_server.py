@@ -20,15 +20,7 @@ from tqdm import tqdm
 
 from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    ServiceError,
-    cli_errors,
-    create_app,
-    resolve_token,
-    run_server,
-    serve_options,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, cli_errors, create_app, serve_command
 from verl_grpo.services.retrieval_index import (
     Embedder,
     RetrievalIndex,
@@ -176,21 +168,16 @@ def build_index_cmd(index_name, corpus, kind, store_uri, store_endpoint, limit, 
         click.echo(f"recall on {len(sample)} questions: " + ", ".join(f"@{k}={v:.3f}" for k, v in recall.items()))
 
 
-@cli.command()
-@serve_options(SPEC.port)
-@_index_options
-@click.option("--default-top-k", type=int, default=3, show_default=True)
-@click.option("--max-top-k", type=int, default=50, show_default=True)
-@click.option("--max-queries", type=int, default=256, show_default=True)
-@cli_errors
-def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
-          index_name, corpus, kind, store_uri, store_endpoint, default_top_k, max_top_k, max_queries) -> None:
-    token = resolve_token(host, token_env, token_file, no_auth)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+@serve_command(cli, SPEC.port, _index_options,
+               click.option("--default-top-k", type=int, default=3, show_default=True),
+               click.option("--max-top-k", type=int, default=50, show_default=True),
+               click.option("--max-queries", type=int, default=256, show_default=True))
+def serve(serving: Serving, index_name, corpus, kind, store_uri, store_endpoint, default_top_k, max_top_k,
+          max_queries) -> None:
     embedder = Embedder()
     index = ensure_index(open_store(store_uri, store_endpoint), index_name, corpus, kind, embedder)
-    app = build_app(Retriever(index, embedder), token, max_body_bytes, default_top_k, max_top_k, max_queries)
-    run_server(app, host, port, log_level, exit_with_parent)
+    serving.run(build_app(Retriever(index, embedder), serving.token, serving.max_body_bytes, default_top_k, max_top_k,
+                          max_queries))
 
 
 if __name__ == "__main__":

@@ -22,15 +22,7 @@ from pydantic import BaseModel, Field, JsonValue
 from verl_grpo.errors import DataError
 from verl_grpo.rewards import compute_scores, dataset_of
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    ServiceError,
-    cli_errors,
-    create_app,
-    resolve_token,
-    run_server,
-    serve_options,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
 
 logger = logging.getLogger(__name__)
 SPEC = SERVICES["reward"]
@@ -162,18 +154,14 @@ def cli() -> None:
     """reward-server: verifiable rewards (or a neural reward model) over HTTP."""
 
 
-@cli.command()
-@serve_options(SPEC.port)
-@click.option("--reward-model", default=None, envvar="VERL_GRPO_REWARD_MODEL",
-              help="Sequence-classification model dir to score with instead of the rule-based scorers.")
-@click.option("--model-batch-size", type=int, default=16, show_default=True)
-@click.option("--max-items", type=int, default=4096, show_default=True)
-@cli_errors
-def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
-          reward_model, model_batch_size, max_items) -> None:
-    token = resolve_token(host, token_env, token_file, no_auth)
+@serve_command(cli, SPEC.port,
+               click.option("--reward-model", default=None, envvar="VERL_GRPO_REWARD_MODEL",
+                            help="Sequence-classification model dir to score with instead of the rule-based scorers."),
+               click.option("--model-batch-size", type=int, default=16, show_default=True),
+               click.option("--max-items", type=int, default=4096, show_default=True))
+def serve(serving: Serving, reward_model, model_batch_size, max_items) -> None:
     scorer = ModelScorer(reward_model, model_batch_size) if reward_model else RuleScorer()
-    run_server(build_app(scorer, token, max_body_bytes, max_items), host, port, log_level, exit_with_parent)
+    serving.run(build_app(scorer, serving.token, serving.max_body_bytes, max_items))
 
 
 if __name__ == "__main__":

@@ -21,16 +21,7 @@ import httpx
 from fastapi import APIRouter, Depends
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    SafeJSONResponse,
-    ServiceError,
-    cli_errors,
-    create_app,
-    resolve_token,
-    run_server,
-    serve_options,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, SafeJSONResponse, ServiceError, Serving, create_app, serve_command
 from verl_grpo.services.rollout_api import (
     GenerateRequest,
     GenerateResponse,
@@ -220,19 +211,15 @@ def cli() -> None:
     """rollout-router: least-in-flight routing of /generate across rollout servers."""
 
 
-@cli.command()
-@serve_options(DEFAULT_PORT)
-@click.option("--workers", "workers_arg", required=True, help="Comma-separated URLs of the rollout servers.")
-@click.option("--generate-timeout-s", type=float, default=600.0, show_default=True,
-              help="How long one worker may take to answer /generate before it counts as failed.")
-@click.option("--health-interval-s", type=float, default=1.0, show_default=True)
-@cli_errors
-def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
-          workers_arg, generate_timeout_s, health_interval_s) -> None:
-    urls = parse_workers(workers_arg)
-    token = resolve_token(host, token_env, token_file, no_auth)
-    state = RolloutRouter(urls, token, generate_timeout_s, health_interval_s)
-    run_server(build_app(state, token, max_body_bytes), host, port, log_level, exit_with_parent)
+@serve_command(cli, DEFAULT_PORT,
+               click.option("--workers", "workers_arg", required=True,
+                            help="Comma-separated URLs of the rollout servers."),
+               click.option("--generate-timeout-s", type=float, default=600.0, show_default=True,
+                            help="How long one worker may take to answer /generate before it counts as failed."),
+               click.option("--health-interval-s", type=float, default=1.0, show_default=True))
+def serve(serving: Serving, workers_arg, generate_timeout_s, health_interval_s) -> None:
+    state = RolloutRouter(parse_workers(workers_arg), serving.token, generate_timeout_s, health_interval_s)
+    serving.run(build_app(state, serving.token, serving.max_body_bytes))
 
 
 if __name__ == "__main__":

@@ -22,15 +22,7 @@ import click
 from fastapi import APIRouter, Depends
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    ServiceError,
-    cli_errors,
-    create_app,
-    resolve_token,
-    run_server,
-    serve_options,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
 from verl_grpo.services.rollout_api import (
     GenerateRequest,
     GenerateResponse,
@@ -340,21 +332,18 @@ def cli() -> None:
     """rollout-server: CPU sampling with transformers behind the rollout API of SkyPilot's job-group examples."""
 
 
-@cli.command()
-@serve_options(DEFAULT_PORT)
-@click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
-              help="Hugging Face model directory to serve.")
-@click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Version of the weights in --model.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
-@click.option("--max-batch-sequences", type=click.IntRange(min=1), default=DEFAULT_MAX_BATCH_SEQUENCES,
-              show_default=True, help="Sequences (prompts x n) sampled together in one batch.")
-@cli_errors
-def serve(host, port, token_env, token_file, no_auth, max_body_bytes, exit_with_parent, log_level,
-          model_path, policy_version, threads, max_batch_sequences) -> None:
-    token = resolve_token(host, token_env, token_file, no_auth)
-    engine = RolloutEngine(model_path, policy_version, threads, max_batch_sequences, name=f"http://{host}:{port}")
-    run_server(build_app(engine, token, max_body_bytes), host, port, log_level, exit_with_parent)
+@serve_command(cli, DEFAULT_PORT,
+               click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
+                            help="Hugging Face model directory to serve."),
+               click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,
+                            help="Version of the weights in --model."),
+               click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+                            help="torch threads."),
+               click.option("--max-batch-sequences", type=click.IntRange(min=1), default=DEFAULT_MAX_BATCH_SEQUENCES,
+                            show_default=True, help="Sequences (prompts x n) sampled together in one batch."))
+def serve(serving: Serving, model_path, policy_version, threads, max_batch_sequences) -> None:
+    engine = RolloutEngine(model_path, policy_version, threads, max_batch_sequences, name=serving.url)
+    serving.run(build_app(engine, serving.token, serving.max_body_bytes))
 
 
 if __name__ == "__main__":
