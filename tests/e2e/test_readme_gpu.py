@@ -1,5 +1,6 @@
-"""Every command of the README's "Train on GPUs with SkyPilot" section, run as written where this machine can, and
-in the closest honest form where a cloud would be needed (each form is named in `FORMS` and in the failure message):
+"""Every command of docs/gpu-skypilot.md ("Train on GPUs with SkyPilot", the GPU page the README links), run as
+written where this machine can, and in the closest honest form where a cloud would be needed (each form is named in
+`FORMS` and in the failure message):
 
 - `sky check`: SkyPilot's own, offline, with a temporary HOME and its local API server on a free port; it must
   exit 0 without a traceback (it enables no cloud here).
@@ -13,7 +14,7 @@ in the closest honest form where a cloud would be needed (each form is named in 
 - `sky jobs launch task.yaml --env K=V ...`: the training YAML the dry run printed, loaded by SkyPilot with the same
   env overrides the CLI passes; each knob must land in the task's envs.
 
-A README command that breaks (a renamed flag, a removed command) fails here: nothing is skipped, and a command of
+A command of the page that breaks (a renamed flag, a removed command) fails here: nothing is skipped, and a command of
 no known form fails the test.
 """
 
@@ -35,7 +36,8 @@ from sky_home import sky_home
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "## Train on GPUs with SkyPilot"
+PAGE = REPO / "docs" / "gpu-skypilot.md"
+SECTION = "# Train on GPUs with SkyPilot"
 CLI = [sys.executable, "-m", "cli"]
 FORMS = {
     "sky check": "SkyPilot's own sky check, offline (temporary HOME, local API server on a free port)",
@@ -49,11 +51,12 @@ FORMS = {
 }
 
 
-def section_commands(readme: str) -> list[str]:
-    """Each command line of the section's ```bash blocks, its trailing `# comment` removed."""
-    start = readme.index(SECTION)
-    end = readme.find("\n## ", start + len(SECTION))
-    text = readme[start:end if end > 0 else None]
+def section_commands(page: str) -> list[str]:
+    """Each command line of the page's ```bash blocks, its trailing `# comment` removed (the page is the section: from
+    its `# Train on GPUs with SkyPilot` title to the next title of that level, if any)."""
+    start = page.index(SECTION + "\n")
+    end = page.find("\n# ", start + len(SECTION))
+    text = page[start:end if end > 0 else None]
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
         for line in block.splitlines():
@@ -80,12 +83,12 @@ def form_of(command: str) -> str:
         if "--dry-run" in words:
             return "dry run"
         return "resume" if "--run-id" in words else "launch"
-    raise AssertionError(f"README command of no known form (add its honest form to this test): {command}")
+    raise AssertionError(f"GPU page command of no known form (add its honest form to this test): {command}")
 
 
 
 class Shell:
-    """Runs README command lines with bash, `verl-grpo` being this checkout's CLI."""
+    """Runs the page's command lines with bash, `verl-grpo` being this checkout's CLI."""
 
     def __init__(self, tmp_path: Path, env: dict[str, str]):
         self.bin = tmp_path / "bin"
@@ -114,7 +117,7 @@ class Shell:
 
     def ok(self, command: str, form: str, **extra: str) -> str:
         rc, out = self.run(command, form, **extra)
-        assert rc == 0, f"README command failed ({form}: {FORMS[form]}): {command}\n{out[-4000:]}"
+        assert rc == 0, f"GPU page command failed ({form}: {FORMS[form]}): {command}\n{out[-4000:]}"
         # An uncaught traceback starts a line (`sky check` quotes some clouds' check tracebacks as their "Reason").
         assert not re.search(r"^Traceback", out, flags=re.MULTILINE), f"traceback from ({form}): {command}\n{out[-4000:]}"
         return out
@@ -136,9 +139,9 @@ def shell(tmp_path, s3_server, tiny_model_dir):
 
 
 def test_every_command_of_the_gpu_section_runs(shell, s3_server):
-    commands = section_commands((REPO / "README.md").read_text())
+    commands = section_commands(PAGE.read_text())
     forms = [form_of(c) for c in commands]
-    assert set(forms) == set(FORMS), f"the section lost commands of forms {set(FORMS) - set(forms)}"
+    assert set(forms) == set(FORMS), f"the page lost commands of forms {set(FORMS) - set(forms)}"
     cloud = {"AWS_ACCESS_KEY_ID": "AKIAREADMETEST000000", "AWS_SECRET_ACCESS_KEY": "readme-test-secret",
              "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_server}
 
@@ -215,7 +218,7 @@ def sky_jobs_equivalent(command: str) -> str:
     if verb == "queue":
         return "verl-grpo jobs queue"
     name = words[words.index("-n") + 1]
-    assert name == "verl-grpo-$RUN_ID", f"{command}: the README names jobs as the provider does"
+    assert name == "verl-grpo-$RUN_ID", f"{command}: the page names jobs as the provider does"
     if verb == "logs":
         return "verl-grpo jobs logs --run-id $RUN_ID --no-follow"
     if verb == "cancel":
