@@ -123,8 +123,8 @@ def tiny_spec(root: Path, store_uri: str, endpoint: str | None, *overrides: str)
     from verl_grpo.data import gsm8k
     from verl_grpo.data.schema import Problem, row_schema, verl_row
     from verl_grpo.formats import default_system_prompt
+    from verl_grpo.local_paths import data_mirror_dir
     from verl_grpo.models import build_tiny_model
-    from verl_grpo.paths import data_mirror_dir
     from verl_grpo.store import Store
     from verl_grpo.trainers import get_trainer
 

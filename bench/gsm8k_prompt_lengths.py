@@ -16,8 +16,8 @@ from transformers import AutoTokenizer
 from verl_grpo.data import gsm8k
 from verl_grpo.data.prepare import chat_messages, prompt_token_counts
 from verl_grpo.formats import default_system_prompt
+from verl_grpo.local_paths import data_mirror_dir, model_cache_dir
 from verl_grpo.models import ensure_smollm2
-from verl_grpo.paths import data_mirror_dir, model_cache_dir
 
 
 def main(out: Path) -> None:

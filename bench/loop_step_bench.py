@@ -38,7 +38,7 @@ SPLIT = ("rollout_wait", "generate", "reward", "replay", "update", "weight_push"
 
 def _setup(home: Path, steps: int, extra: list[str]):
     sys.path.insert(0, str(REPO))
-    from verl_grpo.paths import model_cache_dir
+    from verl_grpo.local_paths import model_cache_dir
 
     os.environ.setdefault("VERL_GRPO_MODEL_CACHE", str(model_cache_dir()))
     os.environ["VERL_GRPO_HOME"] = str(home)

@@ -26,7 +26,7 @@ from pathlib import Path
 from math_verify import parse, verify
 from verl.utils.reward_score import gsm8k as verl_gsm8k
 
-from verl_grpo.paths import data_mirror_dir
+from verl_grpo.local_paths import data_mirror_dir
 from verl_grpo.rewards import compute_score
 from verl_grpo.rewards.math_ import MATH_VERIFY_TIMEOUT_S
 from verl_grpo.rewards.sandbox import ExecutionPool

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from verl_grpo.local_paths import data_mirror_dir  # noqa: E402
 from verl_grpo.models import resolve_model  # noqa: E402
-from verl_grpo.paths import data_mirror_dir  # noqa: E402
 from verl_grpo.services.rollout_client import RouterClient  # noqa: E402
 from verl_grpo.services.rollout_fleet import RolloutFleet, start_rollout_fleet  # noqa: E402
 

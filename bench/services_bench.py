@@ -20,7 +20,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from verl_grpo.config import RunConfig, StorageConfig  # noqa: E402
-from verl_grpo.paths import data_mirror_dir  # noqa: E402
+from verl_grpo.local_paths import data_mirror_dir  # noqa: E402
 from verl_grpo.rewards import compute_scores  # noqa: E402
 from verl_grpo.services.client import ServiceClient  # noqa: E402
 from verl_grpo.services.local_group import start_local_services, stop_local_services  # noqa: E402

@@ -202,7 +202,7 @@ def _setup(home: Path, steps: int, extra: list[str]):
     """Config (the make-run profile, `steps` steps), model dir, prepared dataset in a throwaway store."""
     # The converted SmolLM2 is cached in the checkout's state dir (or VERL_GRPO_MODEL_CACHE): converted once.
     sys.path.insert(0, str(REPO))
-    from verl_grpo.paths import model_cache_dir
+    from verl_grpo.local_paths import model_cache_dir
 
     os.environ.setdefault("VERL_GRPO_MODEL_CACHE", str(model_cache_dir()))
     os.environ["VERL_GRPO_HOME"] = str(home)

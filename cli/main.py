@@ -144,8 +144,8 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str | None) -> None:
     """Prepare verl-format parquet in the store and print its manifest."""
     from verl_grpo import pipeline
-    from verl_grpo.layout import DATASET_MANIFEST, dataset_dir
     from verl_grpo.store import Store
+    from verl_grpo.store_layout import DATASET_MANIFEST, dataset_dir
 
     if dataset:
         overrides = (*overrides, f"dataset.name={dataset}")
@@ -204,8 +204,8 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
     from verl_grpo.chain import ResolvedRun
     from verl_grpo.contracts import EvalReport
     from verl_grpo.evaluate.held_out import evaluate_base
-    from verl_grpo.layout import eval_report
     from verl_grpo.store import Store
+    from verl_grpo.store_layout import eval_report
 
     cfg = _load(configs, overrides)
     store = Store.from_config(cfg.storage)
@@ -223,8 +223,8 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
 
 def _stored_train_result(cfg, run_id: str):
     from verl_grpo.contracts import TrainResult
-    from verl_grpo.layout import train_result
     from verl_grpo.store import Store
+    from verl_grpo.store_layout import train_result
 
     store = Store.from_config(cfg.storage)
     try:
@@ -353,7 +353,7 @@ def mirror(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str, on
 @_user_errors
 def home() -> None:
     """Create the state dir and every directory the libraries expect in it; print where each thing lives."""
-    from verl_grpo.paths import data_mirror_dir, ensure_dir, model_cache_dir, prefect_home, state_dir
+    from verl_grpo.local_paths import data_mirror_dir, ensure_dir, model_cache_dir, prefect_home, state_dir
 
     cfg = _load((), ())  # creates the state dir, the store and the MLflow DB's directory
     for name, where in (("state dir (VERL_GRPO_HOME)", state_dir()), ("store", cfg.storage.uri),

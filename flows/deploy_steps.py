@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from verl_grpo.config.cloud import SKYPILOT_IMPLIES
 from verl_grpo.config.env import boolean, env_setting, http_url, s3_uri
-from verl_grpo.paths import data_mirror_dir, model_cache_dir, state_dir
+from verl_grpo.local_paths import data_mirror_dir, model_cache_dir, state_dir
 
 # Seconds between a flow run's heartbeats. The zombie automation marks a run Crashed after 90 s without one, so
 # Prefect's default (180 s) would crash every healthy run longer than that; the deployment pins it for any worker.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from verl_grpo.errors import InfraError
-from verl_grpo.paths import ensure_dir, ensure_state_dir, prefect_home
+from verl_grpo.local_paths import ensure_dir, ensure_state_dir, prefect_home
 
 EPHEMERAL_LOG = "ephemeral-api.log"
 EPHEMERAL_START_TIMEOUT_S = "60"

@@ -12,11 +12,11 @@ from verl_grpo.chain import Outcome
 from verl_grpo.comparison import EvalTables, compare_to_base
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import EvalReport
-from verl_grpo.layout import run_reward_curve
 from verl_grpo.models import model_short_name
 from verl_grpo.registry.tracking import read_lines
 from verl_grpo.reward_curve import reward_curve
 from verl_grpo.store import Store
+from verl_grpo.store_layout import run_reward_curve
 from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
 
 MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"

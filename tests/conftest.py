@@ -67,7 +67,7 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def data_mirror() -> Path:
-    from verl_grpo.paths import data_mirror_dir
+    from verl_grpo.local_paths import data_mirror_dir
 
     path = data_mirror_dir()
     if not (path / "gsm8k" / "train.jsonl").is_file():

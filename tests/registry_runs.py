@@ -10,9 +10,9 @@ import pandas as pd
 from verl_grpo.chain import Evals, Outcome, ResolvedRun
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import CheckpointRef, DatasetVersion, EvalReport, TrainResult
-from verl_grpo.layout import eval_table, model_dir
 from verl_grpo.registry import register_run
 from verl_grpo.store import Store
+from verl_grpo.store_layout import eval_table, model_dir
 
 SPLIT, SETTINGS, N = "test", "settings-a", 40
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.paths import data_mirror_dir
+from verl_grpo.local_paths import data_mirror_dir
 
 
 def sky_home(home: Path, extra_clouds: Mapping[str, str] | None = None) -> Path:

@@ -35,7 +35,9 @@ from tenacity import RetryCallState
 
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError
-from verl_grpo.layout import (
+from verl_grpo.retry import Backoff, last_error
+from verl_grpo.store import Store
+from verl_grpo.store_layout import (
     CHECKPOINT_MANIFEST,
     STEP_PREFIX,
     checkpoint_dir,
@@ -43,8 +45,6 @@ from verl_grpo.layout import (
     checkpoints_dir,
     step_dir_name,
 )
-from verl_grpo.retry import Backoff, last_error
-from verl_grpo.store import Store
 
 log = logging.getLogger(__name__)
 

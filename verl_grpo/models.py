@@ -30,7 +30,7 @@ from verl_grpo.formats import (
     THINK_CLOSE,
     THINK_OPEN,
 )
-from verl_grpo.paths import data_mirror_dir, model_cache_dir
+from verl_grpo.local_paths import data_mirror_dir, model_cache_dir
 
 MARKER = ".verl-grpo-complete.json"
 TINY_FORMAT_VERSION = 1

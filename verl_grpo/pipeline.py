@@ -16,10 +16,10 @@ from verl_grpo.chain import Evals, Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, RunCost, TrainResult
 from verl_grpo.errors import Preempted, error_class
-from verl_grpo.layout import train_result
-from verl_grpo.paths import ensure_local_dirs, ensure_state_dir
+from verl_grpo.local_paths import ensure_local_dirs, ensure_state_dir
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
+from verl_grpo.store_layout import train_result
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.signal import NoSignalWatch
 

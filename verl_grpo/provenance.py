@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from verl_grpo.paths import repo_root
+from verl_grpo.local_paths import repo_root
 
 
 def git_sha() -> str:

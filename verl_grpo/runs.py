@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, RunNotFound
-from verl_grpo.layout import RUNS, run_config, run_record
 from verl_grpo.models import model_short_name
 from verl_grpo.store import Store
+from verl_grpo.store_layout import RUNS, run_config, run_record
 
 RunStatus = Literal["running", "completed", "failed"]
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

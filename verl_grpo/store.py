@@ -1,4 +1,4 @@
-"""The artifact store: one root URI (`file://` or `s3://`) on fsspec. The layout under it is verl_grpo.layout."""
+"""The artifact store: one root URI (`file://` or `s3://`) on fsspec. The layout under it is verl_grpo.store_layout."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError, VerlGrpoError
+from verl_grpo.local_paths import model_cache_dir
 from verl_grpo.models import MODEL_ALIASES, SMOLLM2_DIRNAME, SMOLLM2_HF_ID
-from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
 
 

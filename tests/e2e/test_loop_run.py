@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.paths import state_dir
+from verl_grpo.local_paths import state_dir
 from verl_grpo.store import Store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # ~3 min: two CLI attempts, 12 loop steps, eval

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from verl_grpo import pipeline
 from verl_grpo.config import load_config
-from verl_grpo.paths import data_mirror_dir, state_dir
+from verl_grpo.local_paths import data_mirror_dir, state_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # ~2.5 min alone on 2 cores, most of it the warm start
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_grpo import pipeline
-from verl_grpo.paths import data_mirror_dir, state_dir
+from verl_grpo.local_paths import data_mirror_dir, state_dir
 from verl_grpo.procs import pid_alive
 
 pytestmark = pytest.mark.e2e

@@ -30,8 +30,8 @@ from faultlib import (
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import InfraError
-from verl_grpo.layout import CHECKPOINT_MANIFEST as MANIFEST
 from verl_grpo.store import Store
+from verl_grpo.store_layout import CHECKPOINT_MANIFEST as MANIFEST
 
 SAVE_SCRIPT = """
 import sys

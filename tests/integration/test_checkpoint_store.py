@@ -9,8 +9,8 @@ import pytest
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import InfraError
-from verl_grpo.layout import CHECKPOINT_MANIFEST as MANIFEST
 from verl_grpo.store import Store
+from verl_grpo.store_layout import CHECKPOINT_MANIFEST as MANIFEST
 
 
 def _fake_checkpoint(root: Path, step: int) -> Path:

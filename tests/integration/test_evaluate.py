@@ -18,8 +18,8 @@ from verl_grpo.config import RunConfig
 from verl_grpo.data import prepare_dataset
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.evaluate import evaluate_cached, evaluate_model, plan_eval, runner
-from verl_grpo.layout import eval_table, model_dir
 from verl_grpo.store import Store
+from verl_grpo.store_layout import eval_table, model_dir
 
 LIMIT = 6
 SYSTEM = "Reason inside <think></think>, then answer inside <answer></answer>."

@@ -9,7 +9,7 @@ from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainResult
 from verl_grpo.evaluate import held_out
-from verl_grpo.layout import run_metrics
+from verl_grpo.store_layout import run_metrics
 
 
 @pytest.fixture

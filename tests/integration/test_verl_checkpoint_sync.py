@@ -19,8 +19,8 @@ import pytest
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import InfraError
-from verl_grpo.layout import train_result
 from verl_grpo.store import Store
+from verl_grpo.store_layout import train_result
 from verl_grpo.trainers.verl import checkpoint_sync, commit
 from verl_grpo.trainers.verl.finalize import finalize
 from verl_grpo.trainers.verl.restore import restore_latest

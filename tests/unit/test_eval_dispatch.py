@@ -21,10 +21,10 @@ from verl_grpo.config import load_config
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, TrainingError
 from verl_grpo.evaluate import held_out, vllm_runner
-from verl_grpo.layout import model_dir
 from verl_grpo.providers.skypilot import provider as sky_provider, templates
 from verl_grpo.providers.skypilot.boundary import JobRecord
 from verl_grpo.store import Store
+from verl_grpo.store_layout import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "skypilot-eval.yaml"

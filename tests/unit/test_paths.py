@@ -7,7 +7,7 @@ import os
 import pytest
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.paths import (
+from verl_grpo.local_paths import (
     PATH_VARS,
     STATE_SUBDIRS,
     data_mirror_dir,

@@ -12,10 +12,10 @@ import yaml
 from verl_grpo.config import load_config
 from verl_grpo.contracts import DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
-from verl_grpo.layout import run_config
 from verl_grpo.providers.skypilot.boundary import JobRecord, Offer
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.store import Store
+from verl_grpo.store_layout import run_config
 from verl_grpo.trainers.verl.overrides import VerlPaths, verl_overrides
 
 

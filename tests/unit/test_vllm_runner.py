@@ -23,8 +23,8 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.evaluate import evaluate_model, vllm_runner
-from verl_grpo.layout import model_dir
 from verl_grpo.store import Store
+from verl_grpo.store_layout import model_dir
 
 GOLD = {"q0": "5", "q1": "12", "q2": "7"}
 BUDGET = 32

@@ -4,7 +4,7 @@ the default; set to nothing, to blanks or to a value that does not parse, it fai
 the fix.
 
 (The env knobs that are RunConfig fields go through `loader.load_config`; the path variables through
-`verl_grpo.paths.env_path`.)
+`verl_grpo.local_paths.env_path`.)
 """
 
 from __future__ import annotations

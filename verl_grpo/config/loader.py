@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 
 from verl_grpo.config.schema import DatasetName, RunConfig, accepts_empty
 from verl_grpo.errors import ConfigError
-from verl_grpo.paths import configs_dir
+from verl_grpo.local_paths import configs_dir
 
 # The env-var knobs of the public examples this pipeline grew out of (SkyPilot's llm/verl and verl-jobgroup tasks,
 # the GRAIL verl/TRL scripts), each with the meaning it has there. MODEL/MODEL_NAME and LR/ACTOR_LR are two names

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from verl_grpo.paths import state_dir
+from verl_grpo.local_paths import state_dir
 
 DatasetName = Literal["gsm8k", "math", "mbpp"]
 

@@ -43,8 +43,8 @@ from verl_grpo.data.schema import (
 from verl_grpo.data.sources import DatasetBuilder, RawSource, load_raw
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.formats import default_system_prompt
-from verl_grpo.layout import DATASET_MANIFEST as MANIFEST, dataset_dir
 from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 from verl_grpo.config import DatasetConfig
 from verl_grpo.data.schema import Problem, RawRecord
 from verl_grpo.errors import DataError
-from verl_grpo.paths import data_mirror_dir
+from verl_grpo.local_paths import data_mirror_dir
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from verl_grpo.evaluate.runner import (
     evaluate_shard,
     write_run_report,
 )
-from verl_grpo.layout import eval_report, eval_table, warm_start_model_dir, warm_start_result
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
+from verl_grpo.store_layout import eval_report, eval_table, warm_start_model_dir, warm_start_result
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.local_paths import model_cache_dir
 from verl_grpo.models import cached_build, model_short_name, resolve_model
-from verl_grpo.paths import model_cache_dir
 from verl_grpo.store import Store, local_path
 
 

@@ -30,8 +30,8 @@ from verl_grpo.evaluate.generation import Generation, GenerationParams, Generato
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
-from verl_grpo.layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
 from verl_grpo.store import Store
+from verl_grpo.store_layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
 
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]

@@ -35,9 +35,9 @@ from verl_grpo.evaluate.generation import (
 )
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval
-from verl_grpo.layout import eval_report, eval_spec, eval_table
 from verl_grpo.rehearsal import ENV_ON_NODE, STANDIN_THREADS
 from verl_grpo.store import Store, filesystem_for, strip_scheme
+from verl_grpo.store_layout import eval_report, eval_spec, eval_table
 from verl_grpo.trainers.exits import run_entry
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, Job, JobState, RunCost, TrainSpec
-from verl_grpo.paths import state_dir
+from verl_grpo.local_paths import state_dir
 from verl_grpo.procs import die_with_parent, pid_alive, runs_command, stop_process_group
 from verl_grpo.services.local_group import services_env, start_local_services, stop_local_services
 from verl_grpo.trainers.exits import ERROR_FILE, RESULT_FILE

@@ -12,9 +12,9 @@ from verl_grpo import mirrors
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import MirrorResult, TrainResult
 from verl_grpo.errors import ConfigError, RunNotFound
-from verl_grpo.layout import run_config, run_metrics, train_result
 from verl_grpo.registry import tracking
 from verl_grpo.store import Store
+from verl_grpo.store_layout import run_config, run_metrics, train_result
 
 MIRROR_TAG = "mirror.{name}"
 """MLflow run tag: `ok` or `failed: <reason>`, the latest send to that mirror."""

@@ -20,7 +20,6 @@ from verl_grpo.comparison import EvalTables, MetricChange, compare_to_base, grpo
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
-from verl_grpo.layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.mirrors import RunMetrics
 from verl_grpo.registry import plots, tracking
 from verl_grpo.registry.lines import (
@@ -43,6 +42,7 @@ from verl_grpo.registry.versions import (
 )
 from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store_layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.trainers.signal import run_findings
 
 log = logging.getLogger(__name__)

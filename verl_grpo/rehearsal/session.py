@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
-from verl_grpo.paths import state_dir
+from verl_grpo.local_paths import state_dir
 from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_AT
 
 BUCKET = "verl-grpo-rehearsal"

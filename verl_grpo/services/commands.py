@@ -12,9 +12,9 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import DataError
-from verl_grpo.layout import services_dir
 from verl_grpo.services import SERVICES
 from verl_grpo.store import Store
+from verl_grpo.store_layout import services_dir
 
 
 def service_settings_args(name: str, cfg: RunConfig, run_id: str, dataset_uri: str | None = None,

@@ -26,11 +26,11 @@ from pydantic import BaseModel, Field
 from verl_grpo.contracts import DatasetVersion
 from verl_grpo.data.prepare import load_split, version_from_manifest
 from verl_grpo.errors import DataError
-from verl_grpo.layout import DATASET_MANIFEST as MANIFEST, dataset_dir, dataset_versions
 from verl_grpo.services import SERVICES
 from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
 from verl_grpo.services.state import ServiceState, service_state, store_options
 from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir, dataset_versions
 
 logger = logging.getLogger(__name__)
 SPEC = SERVICES["data"]

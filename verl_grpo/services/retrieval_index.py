@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from verl_grpo.errors import ConfigError, DataError
-from verl_grpo.layout import retrieval_index_dir
-from verl_grpo.paths import data_mirror_dir
+from verl_grpo.local_paths import data_mirror_dir
 from verl_grpo.store import Store
+from verl_grpo.store_layout import retrieval_index_dir
 
 META_FILE = "meta.json"
 HNSW_M = 32

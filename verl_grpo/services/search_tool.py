@@ -16,7 +16,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_grpo.errors import ConfigError, DataError, InfraError
-from verl_grpo.paths import repo_root
+from verl_grpo.local_paths import repo_root
 from verl_grpo.services.client import AsyncServiceClient, ServiceClient, service_url
 
 DEFAULT_TOP_K = 3

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import click
 
 from verl_grpo.config import StorageConfig
-from verl_grpo.layout import services_dir
 from verl_grpo.store import Store
+from verl_grpo.store_layout import services_dir
 
 STORE_URI_ENV = "VERL_GRPO_STORE_URI"
 STORE_ENDPOINT_ENV = "VERL_GRPO_STORE_ENDPOINT"

@@ -4,7 +4,7 @@ reads its own log lines back as `TrainProgress`.
 Its processes keep a worker protocol built from small modules beside this one: exit codes and result files
 (`exits`), atomic local files (`atomic_files`), a resume from the store's latest complete checkpoint
 (`local_checkpoints`) and one summary vocabulary (`run_summary`); files and store paths are named in
-`verl_grpo.layout`. This module is imported by every cluster-side entry, so it imports nothing heavy.
+`verl_grpo.store_layout`. This module is imported by every cluster-side entry, so it imports nothing heavy.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from types import ModuleType
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import RunCost
 from verl_grpo.errors import ConfigError
-from verl_grpo.paths import data_mirror_dir
+from verl_grpo.local_paths import data_mirror_dir
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.services import SERVICES
 from verl_grpo.trainers.verl.overrides import cluster_nodes

@@ -31,7 +31,6 @@ from packaging.utils import canonicalize_name
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion
 from verl_grpo.errors import ConfigError, DataError
-from verl_grpo.layout import dataset_dir, eval_spec
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.checks import (
     check_data,
@@ -52,6 +51,7 @@ from verl_grpo.providers.skypilot.cost import (
 from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
 from verl_grpo.store import Store
+from verl_grpo.store_layout import dataset_dir, eval_spec
 from verl_grpo.trainers.verl.backend import VerlTrainer
 from verl_grpo.trainers.verl.overrides import cluster_model_path, cluster_nodes, gpus_per_node, uses_fully_async
 

@@ -18,10 +18,10 @@ import yaml
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, Job, JobState, RunCost, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
-from verl_grpo.layout import run_config
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.checks import require_remote_store, with_spot_choice
 from verl_grpo.store import Store, filesystem_for, strip_scheme
+from verl_grpo.store_layout import run_config
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from packaging.version import Version
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
-from verl_grpo.paths import repo_root
+from verl_grpo.local_paths import repo_root
 from verl_grpo.privacy import quiet_env
 from verl_grpo.providers.skypilot.knobs import knob_task
 from verl_grpo.providers.skypilot.node_imports import needed_imports

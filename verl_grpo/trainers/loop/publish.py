@@ -7,7 +7,7 @@ from typing import Any
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
-from verl_grpo.layout import model_dir, run_metrics, train_result
+from verl_grpo.store_layout import model_dir, run_metrics, train_result
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.exits import RESULT_FILE
 from verl_grpo.trainers.loop.batch import LoopState

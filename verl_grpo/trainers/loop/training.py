@@ -27,9 +27,9 @@ import torch
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import DataError, InfraError
-from verl_grpo.layout import METRICS_FILE, STEP_PREFIX
 from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
 from verl_grpo.services.client import ServiceClient, service_url
+from verl_grpo.store_layout import METRICS_FILE, STEP_PREFIX
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
 from verl_grpo.trainers.loop.batch import Group, LoopState, choose_replays, is_stale, replay_count, staleness

@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
-from verl_grpo.layout import METRICS_FILE
+from verl_grpo.store_layout import METRICS_FILE
 from verl_grpo.trainers.signal import ALL_TIED, TIED_GROUP_SHARE, NoSignalWatch, all_tied
 from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.metrics import MetricsLog

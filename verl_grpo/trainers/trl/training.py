@@ -21,8 +21,8 @@ from transformers import PrinterCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import DataError
-from verl_grpo.layout import METRICS_FILE, model_dir, run_metrics, train_result
 from verl_grpo.store import Store
+from verl_grpo.store_layout import METRICS_FILE, model_dir, run_metrics, train_result
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.exits import RESULT_FILE
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest

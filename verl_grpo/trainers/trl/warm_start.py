@@ -17,7 +17,7 @@ from typing import Any
 from transformers import PrinterCallback, TrainerCallback
 
 from verl_grpo.data.warm_start import SftExample, select_examples
-from verl_grpo.layout import METRICS_FILE, WARM_START_RESULT, warm_start_dir, warm_start_result
+from verl_grpo.store_layout import METRICS_FILE, WARM_START_RESULT, warm_start_dir, warm_start_result
 from verl_grpo.trainers.atomic_files import write_json_atomic, write_jsonl_atomic
 from verl_grpo.trainers.precision import resolve_precision
 from verl_grpo.trainers.trl.callbacks import say

@@ -14,10 +14,10 @@ from pathlib import Path
 from verl_grpo.checkpoints import sha256_file
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
-from verl_grpo.layout import checkpoints_dir, dataset_dir, published_model_dir
 from verl_grpo.mirrors.wandb_mirror import quiet_wandb
 from verl_grpo.models import resolve_model
 from verl_grpo.store import Store, local_path
+from verl_grpo.store_layout import checkpoints_dir, dataset_dir, published_model_dir
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo.trainers.verl import progress
 from verl_grpo.trainers.verl.fully_async import (

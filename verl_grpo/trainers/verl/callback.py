@@ -18,7 +18,7 @@ from typing import Any
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, TrainingError
-from verl_grpo.layout import step_dir_name
+from verl_grpo.store_layout import step_dir_name
 from verl_grpo.trainers.verl.commit import (
     after_commit,
     checkpoint_state,

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from verl_grpo.checkpoints import CheckpointStore
-from verl_grpo.layout import STEP_PREFIX, checkpoints_dir, train_result
+from verl_grpo.store_layout import STEP_PREFIX, checkpoints_dir, train_result
 from verl_grpo.trainers.verl.settings import StoreSettings
 
 WRITE_BACK_S = 2.0

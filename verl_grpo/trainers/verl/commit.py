@@ -20,7 +20,7 @@ from typing import Any
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError, TrainingError
-from verl_grpo.layout import CHECKPOINT_MANIFEST, METRICS_FILE, checkpoint_dir, step_dir_name
+from verl_grpo.store_layout import CHECKPOINT_MANIFEST, METRICS_FILE, checkpoint_dir, step_dir_name
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.verl.metrics import merged_metrics
 from verl_grpo.trainers.verl.settings import STAGING_DIR, StoreSettings

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import TrainingError
-from verl_grpo.layout import METRICS_FILE, model_dir, run_metrics, step_dir_name, train_result
+from verl_grpo.store_layout import METRICS_FILE, model_dir, run_metrics, step_dir_name, train_result
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.exits import run_entry
 from verl_grpo.trainers.run_summary import summarize

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import DataError
-from verl_grpo.layout import METRICS_FILE
 from verl_grpo.store import Store
+from verl_grpo.store_layout import METRICS_FILE
 from verl_grpo.trainers import local_checkpoints
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.exits import run_entry

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.layout import STEP_PREFIX
 from verl_grpo.store import Store
+from verl_grpo.store_layout import STEP_PREFIX
 from verl_grpo.trainers.atomic_files import write_text_atomic
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints
 

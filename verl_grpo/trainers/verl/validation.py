@@ -179,7 +179,7 @@ def _check_tool_loop(config: Any) -> list[str]:
 
     importlib.import_module("verl.experimental.agent_loop.tool_agent_loop")  # registers `tool_agent`
 
-    from verl_grpo.paths import repo_root
+    from verl_grpo.local_paths import repo_root
     from verl_grpo.services.search_tool import validate_tool_config
 
     rollout = config.actor_rollout_ref.rollout
