@@ -1,7 +1,7 @@
 """Benchmark P6: orchestration overhead of the `verl-grpo` Prefect flow; writes bench/results/flow.md.
 
 The same run (tiny model, 4 GRPO steps, 8 eval problems) twice per round: once as plain Python
-(`verl_grpo.pipeline.run_pipeline`), once as the Prefect flow on the ephemeral API, exactly as
+(`verl_grpo.plain_steps.run_pipeline`), once as the Prefect flow on the ephemeral API, exactly as
 `verl-grpo run` does. Data preparation and the base-model eval are cached by a warm-up run first, so both
 sides do the same work: train, evaluate, register. Goal: overhead < 10 s and < 5 % of the plain run.
 
@@ -40,7 +40,7 @@ def _setup(home: Path) -> list[str]:
 
 
 def _plain(overrides: list[str]) -> float:
-    from verl_grpo.pipeline import run_pipeline
+    from verl_grpo.plain_steps import run_pipeline
 
     start = time.monotonic()
     run_pipeline(["gsm8k"], overrides, run_id=None, on_line=lambda line: None)
@@ -91,7 +91,7 @@ def render(warm_up: float, plain: list[float], flow: list[float]) -> str:
         "# P6: Prefect flow orchestration overhead",
         "",
         f"Tiny model, 4 GRPO steps, 8 eval problems; data and base eval cached by a warm-up run ({warm_up:.1f} s). "
-        f"{len(plain)} rounds, order alternating. Plain = `verl_grpo.pipeline.run_pipeline`; "
+        f"{len(plain)} rounds, order alternating. Plain = `verl_grpo.plain_steps.run_pipeline`; "
         "flow = `flows.verl_grpo.verl_grpo` on the ephemeral API (what `verl-grpo run` does).",
         "",
         "| measure | plain Python | Prefect flow | overhead | goal |",

@@ -45,7 +45,7 @@ def _load(configs: tuple[str, ...], overrides: tuple[str, ...], data: bool = Fal
     """The config, checked before anything starts; the local directories it names exist afterwards (and with
     `data`, for a run, the data mirror it names holds the dataset)."""
     from verl_grpo.config import config_files, load_config
-    from verl_grpo.pipeline import prepare_local_state
+    from verl_grpo.plain_steps import prepare_local_state
 
     cfg = load_config(config_files(configs), list(overrides))
     prepare_local_state(cfg, data=data)
@@ -143,7 +143,7 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 @_user_errors
 def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str | None) -> None:
     """Prepare verl-format parquet in the store and print its manifest."""
-    from verl_grpo import pipeline
+    from verl_grpo import plain_steps
     from verl_grpo.store import Store
     from verl_grpo.store_layout import DATASET_MANIFEST, dataset_dir
 
@@ -152,7 +152,7 @@ def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str |
     if dataset and not configs:
         configs = (dataset,)
     cfg = _load(configs, overrides)
-    version = pipeline.prepare(cfg)
+    version = plain_steps.prepare(cfg)
     store = Store.from_config(cfg.storage)
     click.echo(store.read_text(dataset_dir(version.name, version.hash), DATASET_MANIFEST))
 
@@ -164,12 +164,12 @@ def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str |
 @_user_errors
 def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None, fresh: bool) -> None:
     """Prepare (cached), provision, train and tear down, without Prefect; prints the TrainResult."""
-    from verl_grpo import pipeline
+    from verl_grpo import plain_steps
     from verl_grpo.chain import run_chain
     from verl_grpo.config import config_files
 
-    run = pipeline.resolve(config_files(configs), list(overrides), run_id, fresh=fresh)
-    outcome = run_chain(run, pipeline.PlainSteps(on_line=click.echo), through="train")
+    run = plain_steps.resolve(config_files(configs), list(overrides), run_id, fresh=fresh)
+    outcome = run_chain(run, plain_steps.PlainSteps(on_line=click.echo), through="train")
     click.echo(outcome.train.model_dump_json(indent=1))
 
 
@@ -181,11 +181,11 @@ def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | No
 @_user_errors
 def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: str | None, run_id: str | None) -> None:
     """Held-out evaluation; prints the metrics."""
-    from verl_grpo import pipeline
+    from verl_grpo import plain_steps
     from verl_grpo.evaluate import held_out
 
     cfg = _load(configs, overrides)
-    dataset = pipeline.prepare(cfg)
+    dataset = plain_steps.prepare(cfg)
     if run_id:
         model_uri = model_uri or _stored_train_result(cfg, run_id).model_uri
         report = held_out.evaluate_trained(cfg, dataset, run_id, model_uri)
@@ -200,7 +200,7 @@ def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: st
 @_user_errors
 def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) -> None:
     """Register a trained, evaluated run in MLflow (idempotent); prints the model version."""
-    from verl_grpo import pipeline
+    from verl_grpo import plain_steps
     from verl_grpo.chain import ResolvedRun
     from verl_grpo.contracts import EvalReport
     from verl_grpo.evaluate.held_out import evaluate_base
@@ -209,7 +209,7 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
 
     cfg = _load(configs, overrides)
     store = Store.from_config(cfg.storage)
-    dataset = pipeline.prepare(cfg)
+    dataset = plain_steps.prepare(cfg)
     result = _stored_train_result(cfg, run_id)
     try:
         report = EvalReport.model_validate_json(store.read_text(eval_report(run_id, cfg.eval.split)))
@@ -217,7 +217,7 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
         raise ConfigError(f"run {run_id} has no eval report for split {cfg.eval.split}; run `verl-grpo evaluate "
                           f"--run-id {run_id}` first") from None
     base = evaluate_base(cfg, dataset)
-    version = pipeline.register(ResolvedRun(cfg, run_id, resumed=True), dataset, result, report, base)
+    version = plain_steps.register(ResolvedRun(cfg, run_id, resumed=True), dataset, result, report, base)
     _echo_json(version.model_dump())
 
 

@@ -1,1 +1,1 @@
-"""Prefect tasks: each wraps exactly one step of verl_grpo.pipeline; retries and caching are declared here."""
+"""Prefect tasks: each wraps exactly one step of verl_grpo.plain_steps; retries and caching are declared here."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.policy import RETRIED_STEP
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import DatasetVersion
 
@@ -11,4 +11,4 @@ from verl_grpo.contracts import DatasetVersion
 @task(name="prepare-data", **RETRIED_STEP)
 def prepare_data(run: ResolvedRun) -> DatasetVersion:
     """verl-format parquet in the store; content-hashed, so a repeat is a cache hit."""
-    return pipeline.prepare(run.cfg)
+    return plain_steps.prepare(run.cfg)

@@ -4,16 +4,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.policy import RETRIED_STEP
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import Cluster
 
 
 @task(name="provision", **RETRIED_STEP)
 def provision(run: ResolvedRun) -> Cluster:
-    return pipeline.provision(run)
+    return plain_steps.provision(run)
 
 
 @task(name="teardown", cache_policy=NO_CACHE)
 def teardown(run: ResolvedRun, cluster: Cluster) -> None:
-    pipeline.teardown(run, cluster)
+    plain_steps.teardown(run, cluster)

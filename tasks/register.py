@@ -3,7 +3,7 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.policy import RETRIED_STEP
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import DatasetVersion, ModelVersion, TrainResult
 
@@ -12,4 +12,4 @@ from verl_grpo.contracts import DatasetVersion, ModelVersion, TrainResult
 def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals,
              tags: dict[str, str]) -> ModelVersion:
     """MLflow run + registered model version; idempotent, so a retry adds no second version."""
-    return pipeline.register(run, dataset, result, evals, tags)
+    return plain_steps.register(run, dataset, result, evals, tags)

@@ -5,7 +5,7 @@ from prefect.logging import get_run_logger
 
 from tasks.policy import RETRIED_STEP
 from tasks.progress import TrainingProgressArtifacts
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult
 
@@ -30,4 +30,4 @@ def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster) -> TrainR
     """
     logger = get_run_logger()
     progress = TrainingProgressArtifacts(run.run_id, run.cfg.algorithm.total_steps)
-    return pipeline.train(run, dataset, cluster, on_line=logger.info, on_progress=progress)
+    return plain_steps.train(run, dataset, cluster, on_line=logger.info, on_progress=progress)

@@ -3,7 +3,7 @@ teardown always and the run marked failed on any error.
 
 The Prefect flow (flows/verl_grpo.py), `pipeline.run_pipeline` and the CLI's partial commands all run `run_chain`;
 they differ only in the `Steps` that carry out each step: Prefect tasks (retries, logs, artifacts per step) or the
-plain functions of pipeline.py. Every step gets the run as resolved once (`ResolvedRun`), never the config strings.
+plain functions of plain_steps.py. Every step gets the run as resolved once (`ResolvedRun`), never the config strings.
 """
 
 from __future__ import annotations

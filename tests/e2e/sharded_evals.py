@@ -13,7 +13,7 @@ from verl_grpo.contracts import EvalReport
 from verl_grpo.evaluate import evaluate_model
 from verl_grpo.evaluate.held_out import warm_start_model
 from verl_grpo.models import resolve_model
-from verl_grpo.pipeline import prepare
+from verl_grpo.plain_steps import prepare
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_report
 

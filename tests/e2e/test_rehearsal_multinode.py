@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.rehearsal import sky_boundary
@@ -32,10 +32,10 @@ def test_two_nodes_sync_their_checkpoints_commit_and_resume_after_a_preemption(t
                  "skypilot.shape=multinode", "skypilot.max_restarts_on_errors=0"]
     cfg = load_config(CONFIGS, overrides)
     with rehearsal_session(cfg, preempt_at=(2,), root=tmp_path / "rehearsal") as session:
-        run = pipeline.resolve(CONFIGS, [*overrides, *session.overrides])
-        dataset = pipeline.prepare(run.cfg)
-        cluster = pipeline.provision(run)
-        result = pipeline.train(run, dataset, cluster)  # the managed job recovers from the preemption itself
+        run = plain_steps.resolve(CONFIGS, [*overrides, *session.overrides])
+        dataset = plain_steps.prepare(run.cfg)
+        cluster = plain_steps.provision(run)
+        result = plain_steps.train(run, dataset, cluster)  # the managed job recovers from the preemption itself
         assert result.final_step == 4
 
         (record,) = sky_boundary.queue()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.rehearsal import sky_boundary
@@ -35,10 +35,10 @@ def test_fully_async_entry_trains_by_weight_sync_with_the_services_and_resumes_a
     cfg = load_config(CONFIGS, overrides)
     assert cfg.services.enabled == ["data", "reward", "replay"]
     with rehearsal_session(cfg, preempt_at=(1,), root=tmp_path / "rehearsal") as session:
-        run = pipeline.resolve(CONFIGS, [*overrides, *session.overrides])
-        dataset = pipeline.prepare(run.cfg)
-        cluster = pipeline.provision(run)
-        result = pipeline.train(run, dataset, cluster)
+        run = plain_steps.resolve(CONFIGS, [*overrides, *session.overrides])
+        dataset = plain_steps.prepare(run.cfg)
+        cluster = plain_steps.provision(run)
+        result = plain_steps.train(run, dataset, cluster)
         assert result.final_step == 2  # 4 optimizer steps = 2 weight syncs (verl's parameter versions)
 
         (record,) = sky_boundary.queue()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.config import load_config
 from verl_grpo.local_paths import data_mirror_dir, state_dir
 
@@ -43,7 +43,7 @@ def test_search_calls_reach_the_retrieval_server_and_the_call_rate_is_tracked(ti
         "warm_start.lr=3e-3", "eval.limit=4",
     ]
     lines: list[str] = []
-    outcome = pipeline.run_pipeline(["gsm8k"], overrides, on_line=lines.append)
+    outcome = plain_steps.run_pipeline(["gsm8k"], overrides, on_line=lines.append)
 
     assert any(line.startswith("tools: search") for line in lines)
     log = (state_dir() / "work" / outcome.run.run_id / "services" / "retrieval-server.log").read_text()

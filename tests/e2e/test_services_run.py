@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.local_paths import data_mirror_dir, state_dir
 from verl_grpo.procs import pid_alive
 
@@ -27,7 +27,7 @@ def test_reward_server_scores_training_and_services_stop(tiny_overrides, tmp_pat
     overrides = [*tiny_overrides, "services.enabled=[reward, retrieval]", "services.termination_delay_s=0",
                  f"services.retrieval.corpus={_small_corpus(tmp_path)}", "services.retrieval.index_kind=flat"]
     lines: list[str] = []
-    outcome = pipeline.run_pipeline(["gsm8k"], overrides, on_line=lines.append)
+    outcome = plain_steps.run_pipeline(["gsm8k"], overrides, on_line=lines.append)
 
     assert "rewards: scored by the reward-server" in lines
     services = state_dir() / "work" / outcome.run.run_id / "services"

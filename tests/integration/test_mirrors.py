@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from registry_runs import correct_first, make_env, make_run, outcome, register
 
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.errors import ConfigError
 from verl_grpo.summary import summary_dict, summary_markdown
 
@@ -94,7 +94,7 @@ def test_resolve_fails_on_a_short_key_before_the_run_begins(monkeypatch, tmp_pat
     monkeypatch.setenv("WANDB_API_KEY", SHORT_KEY)
     store = tmp_path / "store"
     with pytest.raises(ConfigError, match="WANDB_API_KEY") as caught:
-        pipeline.resolve(["gsm8k", "local"], [f"storage.uri=file://{store}"])
+        plain_steps.resolve(["gsm8k", "local"], [f"storage.uri=file://{store}"])
     assert SHORT_KEY not in str(caught.value) and "\n" not in str(caught.value)
     assert not (store / "runs").exists()
 

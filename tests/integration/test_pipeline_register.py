@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_grpo import pipeline
+from verl_grpo import plain_steps
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainResult
@@ -21,12 +21,12 @@ def base_overrides(tmp_path, tiny_model_dir):
 
 def _register_tiny_as_run(overrides, run_id, tiny_model_dir):
     cfg = load_config(["gsm8k"], overrides)
-    dataset = pipeline.prepare(cfg)
+    dataset = plain_steps.prepare(cfg)
     result = TrainResult(run_id=run_id, final_step=1, checkpoint=None, model_uri=str(tiny_model_dir),
                          metrics_uri=f"{cfg.storage.uri}/{run_metrics(run_id)}")
     report = held_out.evaluate_trained(cfg, dataset, run_id, str(tiny_model_dir))
     base = held_out.evaluate_base(cfg, dataset)
-    return cfg, report, pipeline.register(ResolvedRun(cfg, run_id, resumed=False), dataset, result,
+    return cfg, report, plain_steps.register(ResolvedRun(cfg, run_id, resumed=False), dataset, result,
                                           Evals(base=base, trained=report))
 
 

@@ -71,9 +71,9 @@ def test_retries_stop_after_the_budget():
 
 
 def test_the_train_task_retries_a_preempted_training_and_not_a_failed_one(monkeypatch):
-    """The real `train` task (its retry settings, delays set to 0) around a stand-in for pipeline.train."""
+    """The real `train` task (its retry settings, delays set to 0) around a stand-in for plain_steps.train."""
     from tasks import train as train_module
-    from verl_grpo import pipeline
+    from verl_grpo import plain_steps
     from verl_grpo.chain import ResolvedRun
     from verl_grpo.config import load_config
     from verl_grpo.contracts import Cluster, DatasetVersion
@@ -92,7 +92,7 @@ def test_the_train_task_retries_a_preempted_training_and_not_a_failed_one(monkey
             raise error
         return result
 
-    monkeypatch.setattr(pipeline, "train", fake_train)
+    monkeypatch.setattr(plain_steps, "train", fake_train)
     train_task = train_module.train.with_options(retry_delay_seconds=0)
 
     @flow(persist_result=False)

@@ -130,7 +130,7 @@ MAPPED = [
             "tests/integration/test_evaluate.py::test_cached_eval_is_reused_without_generating",
             "tests/integration/test_cli.py::test_every_command_has_help")),
     Mapped(r"verl-grpo register -c gsm8k -c local --run-id ID",
-           "needs a trained and evaluated run; the registration the command calls (pipeline.register) runs on one",
+           "needs a trained and evaluated run; the registration the command calls (plain_steps.register) runs on one",
            ("tests/integration/test_pipeline_register.py::test_champion_with_other_eval_settings_is_reevaluated",
             "tests/integration/test_cli.py::test_every_command_has_help")),
     Mapped(r"USE_RETRIEVAL=true verl-grpo run -c gsm8k -c local -o algorithm\.max_response_length=256",

@@ -1,5 +1,5 @@
 """verl's metric names in the signal vocabulary (checked against the installed verl), and the orchestrator's watch
-of verl's step lines in pipeline.train."""
+of verl's step lines in plain_steps.train."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def verl_line(n: int, score_max: float = 0.0) -> str:
 
 
 def run_pipeline_train(tmp_path, monkeypatch, lines: list[str], *overrides: str, backend: str = "verl"):
-    from verl_grpo import pipeline, providers, trainers
+    from verl_grpo import plain_steps, providers, trainers
     from verl_grpo.chain import ResolvedRun
     from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
     from verl_grpo.store import Store
@@ -113,7 +113,7 @@ def run_pipeline_train(tmp_path, monkeypatch, lines: list[str], *overrides: str,
     dataset = DatasetVersion(name="gsm8k", hash="h", uri="u", splits={}, counts={})
     cluster = Cluster(provider="fake", name="c", workdir=str(tmp_path), on_this_machine=True)
     try:
-        pipeline.train(ResolvedRun(cfg, "r", False), dataset, cluster, on_line=provider.seen.append)
+        plain_steps.train(ResolvedRun(cfg, "r", False), dataset, cluster, on_line=provider.seen.append)
     except TrainingError as e:
         return provider, e
     return provider, None

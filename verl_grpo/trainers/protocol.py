@@ -51,7 +51,7 @@ class Trainer(Protocol):
 
     Its step metrics carry the signal vocabulary of `verl_grpo.trainers.signal`, and its processes warn (or stop)
     when the learning signal is gone; a backend whose processes cannot sets `signal_watched_in_log = True`, and
-    `pipeline.train` watches its parsed step lines instead.
+    `plain_steps.train` watches its parsed step lines instead.
     """
 
     name: str

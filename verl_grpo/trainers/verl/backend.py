@@ -42,7 +42,7 @@ class VerlTrainer:
     name = "verl"
     signal_watched_in_log = True
     """verl's trainer loop offers no per-step hook that could warn or stop (the checkpoint callback runs only at
-    saves), so `pipeline.train` watches the learning signal in the step lines it streams."""
+    saves), so `plain_steps.train` watches the learning signal in the step lines it streams."""
 
     def __init__(self, check_reward: bool = True, ship_models: bool = True):
         self.check_reward = check_reward
