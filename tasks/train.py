@@ -8,6 +8,7 @@ from tasks.progress import TrainingProgressArtifacts
 from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult
+from verl_grpo.providers.placement import placement
 
 TRAIN_CONCURRENCY_TAG = "verl-grpo-train"
 """Tag of every train task run on this machine (infra.provider=local); a tag concurrency limit of 1 on it (`make
@@ -18,7 +19,7 @@ nightly cloud run, hours on its cluster, never waits for a CPU training on this 
 
 
 def train_tag(run: ResolvedRun) -> str:
-    return TRAIN_CONCURRENCY_TAG if run.cfg.infra.provider == "local" else CLOUD_TRAIN_CONCURRENCY_TAG
+    return TRAIN_CONCURRENCY_TAG if placement(run.cfg).on_this_machine else CLOUD_TRAIN_CONCURRENCY_TAG
 
 
 @task(name="train", **RETRIED_STEP)

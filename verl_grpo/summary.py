@@ -11,6 +11,7 @@ from verl_grpo.comparison import MetricChange, grpo_line
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import ModelVersion
 from verl_grpo.mirrors import warning_line
+from verl_grpo.providers.placement import placement
 from verl_grpo.reward_curve import curve_markdown, curve_text
 
 
@@ -59,12 +60,12 @@ def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: 
 
 
 def cloud_cost_fact(cfg: RunConfig, version: ModelVersion) -> dict[str, str]:
-    """{"cloud_cost": the run's actual node-hours and $} on a billing provider; {} on the local provider."""
+    """{"cloud_cost": the run's actual node-hours and $} on a billing provider (or why not, on an existing cluster);
+    {} on the local provider."""
     if version.cloud_cost is not None:
         return {"cloud_cost": version.cloud_cost.line()}
-    if cfg.infra.provider != "local" and cfg.skypilot.cluster:
-        return {"cloud_cost": f"not measured: the existing cluster {cfg.skypilot.cluster} is billed whatever runs on "
-                              "it"}
+    if cluster := placement(cfg).existing_cluster:
+        return {"cloud_cost": f"not measured: the existing cluster {cluster} is billed whatever runs on it"}
     return {}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
+from verl_grpo.providers.placement import placement
 from verl_grpo.store import Store
 from verl_grpo.trainers.loop.batch import replay_count
 from verl_grpo.trainers.protocol import TrainProgress
@@ -27,7 +28,7 @@ def check_loop(cfg: RunConfig) -> None:
     alg, at = cfg.algorithm, cfg.async_training
     if cfg.trainer.backend != "loop":
         raise ConfigError(f"trainer.backend is {cfg.trainer.backend!r}; the loop backend cannot check it")
-    if cfg.infra.provider != "local":
+    if not placement(cfg).on_this_machine:
         raise ConfigError("trainer.backend=loop runs its rollout servers on this machine (infra.provider=local); on "
                           "SkyPilot use trainer.backend=verl with skypilot.shape=rollout_group")
     missing = [s for s in REQUIRED_SERVICES if s not in cfg.services.enabled]

@@ -14,6 +14,7 @@ from verl_grpo.config import RunConfig
 from verl_grpo.data.schema import TOOL_AGENT
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
+from verl_grpo.providers.placement import placement
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
 
 REWARD_MODULE = "pkg://verl_grpo.rewards"
@@ -225,7 +226,7 @@ def _strategy_overrides(cfg: RunConfig) -> list[str]:
 
 def uses_fully_async(cfg: RunConfig) -> bool:
     """Whether the run trains on verl's fully-async trainer (skypilot.shape=rollout_group), not main_ppo."""
-    return cfg.infra.provider == "skypilot" and cfg.skypilot.shape == "rollout_group"
+    return placement(cfg).fully_async
 
 
 def cluster_nodes(cfg: RunConfig) -> int:

@@ -1,0 +1,27 @@
+"""Where a run's work happens, answered by its provider's entry in the placement table."""
+
+from __future__ import annotations
+
+import typing
+
+from verl_grpo.config import load_config
+from verl_grpo.config.schema import InfraConfig
+from verl_grpo.providers import PROVIDERS
+from verl_grpo.providers.placement import PLACEMENTS, placement
+
+
+def test_every_provider_the_config_accepts_has_a_placement_and_a_class():
+    names = set(typing.get_args(InfraConfig.model_fields["provider"].annotation))
+    assert names == set(PLACEMENTS) == set(PROVIDERS)
+
+
+def test_local_runs_here_and_skypilot_shapes_and_clusters_are_its_own():
+    local = placement(load_config([], [], env={}))
+    assert (local.on_this_machine, local.shape, local.fully_async, local.existing_cluster) == (True, "local", False,
+                                                                                              None)
+    group = placement(load_config([], ["trainer.backend=verl", "infra.provider=skypilot",
+                                       "skypilot.shape=rollout_group"], env={}))
+    assert (group.on_this_machine, group.fully_async, group.existing_cluster) == (False, True, None)
+    existing = placement(load_config([], ["trainer.backend=verl", "infra.provider=skypilot",
+                                          "skypilot.cluster=my-h100s"], env={}))
+    assert (existing.shape, existing.existing_cluster) == ("multinode", "my-h100s")
