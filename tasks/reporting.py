@@ -75,7 +75,7 @@ def publish_summary(outcome: Outcome) -> dict:
     body, not as a task, so they show under the flow run) and the same lines in the flow run's log."""
     cfg, run_id, result = outcome.run.cfg, outcome.run.run_id, outcome.train
     report, base, warm, version = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start, outcome.version
-    store = Store.from_config(cfg.storage)
+    store = outcome.run.store
     changes = compare_to_base(report, base, EvalTables(store), warm)
     curve = reward_curve(read_lines(store, result.metrics_uri) or [])
     summary = summary_dict(outcome, changes, curve, curve_png_location(store, run_id))

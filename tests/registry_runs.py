@@ -64,7 +64,8 @@ def outcome(cfg, dataset, train, report, base, warm_start_report=None, version=N
 
 
 def register(cfg, store, dataset, train, report, base, warm_start_report=None, **kw):
-    return register_run(outcome(cfg, dataset, train, report, base, warm_start_report), store=store,
+    assert store.uri == cfg.storage.uri  # the registry opens the run's own store
+    return register_run(outcome(cfg, dataset, train, report, base, warm_start_report),
                         tags={"prefect.flow_run_id": "fr-1", "git.sha": "abc123"}, **kw)
 
 

@@ -26,6 +26,11 @@ class ResolvedRun:
     resumed: bool
     """True when run_id names a run begun earlier (it continues from its last committed checkpoint)."""
 
+    @property
+    def store(self) -> Store:
+        """The run's store (storage.*), opened anew each time: a run crosses processes, its store's client does not."""
+        return Store.from_config(self.cfg.storage)
+
 
 @dataclass(frozen=True)
 class Evals:
@@ -92,4 +97,4 @@ def run_chain(run: ResolvedRun, steps: Steps, through: LastStep = "register") ->
 
 
 def mark_failed(run: ResolvedRun, error: BaseException) -> None:
-    runs.mark_run(Store.from_config(run.cfg.storage), run.run_id, "failed", error=f"{type(error).__name__}: {error}")
+    runs.mark_run(run.store, run.run_id, "failed", error=f"{type(error).__name__}: {error}")

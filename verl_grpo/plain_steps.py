@@ -85,8 +85,7 @@ def train(run: ResolvedRun, dataset: DatasetVersion, cluster: Cluster, on_line: 
     from verl_grpo.providers import follow_job, get_provider
     from verl_grpo.trainers import get_trainer
 
-    cfg, run_id = run.cfg, run.run_id
-    store = Store.from_config(cfg.storage)
+    cfg, run_id, store = run.cfg, run.run_id, run.store
     runs.mark_training_started(store, run_id)
     trainer = get_trainer(cfg.trainer.backend)
     spec = trainer.plan(cfg, dataset, store, run_id, cluster)
@@ -122,11 +121,10 @@ def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, eva
     from verl_grpo.registry import champion_needs_reeval, register_run
 
     cfg = run.cfg
-    store = Store.from_config(cfg.storage)
     champion_report = evaluate_champion(cfg, dataset) if champion_needs_reeval(cfg, evals.trained) else None
-    version = register_run(Outcome(run, dataset, result, evals), store=store, tags=tags or {},
-                           champion_report=champion_report, cloud_cost=cloud_cost(run))
-    runs.mark_run(store, run.run_id, "completed", model_version=version.version, model_name=version.name)
+    version = register_run(Outcome(run, dataset, result, evals), tags=tags or {}, champion_report=champion_report,
+                           cloud_cost=cloud_cost(run))
+    runs.mark_run(run.store, run.run_id, "completed", model_version=version.version, model_name=version.name)
     return version
 
 

@@ -187,7 +187,7 @@ def test_secret_looking_tags_are_refused(env, tiny_model_dir):
     cfg, store, dataset = env
     train, report, base = make_run(store, tiny_model_dir, "run-a", correct_first(10))
     with pytest.raises(ConfigError, match="hf_token"):
-        register_run(outcome(cfg, dataset, train, report, base), store=store, tags={"hf_token": "abc"})
+        register_run(outcome(cfg, dataset, train, report, base), tags={"hf_token": "abc"})
 
 
 # What the MLflow UI shows, read through the API the UI reads.

@@ -64,8 +64,8 @@ REGISTERED_MODEL_ABOUT = ("GRPO post-trained models of verl-grpo. Each version i
                           "only when it is significantly better (McNemar) on the same problems.")
 
 
-def register_run(outcome: Outcome, *, store: Store, tags: Mapping[str, str],
-                 champion_report: EvalReport | None = None, cloud_cost: RunCost | None = None) -> ModelVersion:
+def register_run(outcome: Outcome, *, tags: Mapping[str, str], champion_report: EvalReport | None = None,
+                 cloud_cost: RunCost | None = None) -> ModelVersion:
     """Log the run of a chain outcome through evaluation (params, training curves, eval metrics, artifacts, model)
     and register its model version.
 
@@ -82,12 +82,13 @@ def register_run(outcome: Outcome, *, store: Store, tags: Mapping[str, str],
     if outcome.evals is None:
         raise ValueError(f"run {outcome.run.run_id}: register_run needs the run's evals")
     with tracking.infra_errors(outcome.run.cfg.tracking.mlflow_uri):
-        return _register(outcome, store, tags, champion_report, cloud_cost)
+        return _register(outcome, tags, champion_report, cloud_cost)
 
 
-def _register(outcome: Outcome, store: Store, tags: Mapping[str, str], champion_report: EvalReport | None,
+def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalReport | None,
               cloud_cost: RunCost | None) -> ModelVersion:
     started = time.monotonic()
+    store = outcome.run.store
     cfg, run_id, dataset, train = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
     report, base_report, warm_start_report = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start
     client = tracking.client_for(cfg.tracking.mlflow_uri)
