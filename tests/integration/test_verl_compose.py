@@ -25,6 +25,8 @@ def test_gsm8k_overrides_compose_and_validate():
     assert config.algorithm.adv_estimator == "grpo"
     assert config.actor_rollout_ref.rollout.n == 4
     assert config.actor_rollout_ref.actor.clip_ratio_high == 0.28
+    # vLLM's context is what a rollout can reach, not the model's 32k default (sized CUDA graphs, scheduler)
+    assert config.actor_rollout_ref.rollout.max_model_len == config.data.max_prompt_length + config.data.max_response_length
     assert list(config.trainer.logger) == ["console", "file"]  # metrics reach MLflow via metrics.jsonl
     assert config.trainer.checkpoint_callback_class == "verl_grpo.trainers.verl.callback.StoreCheckpointCallback"
     assert any("checkpoint callback" in c for c in result.checks)

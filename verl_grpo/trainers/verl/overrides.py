@@ -153,6 +153,10 @@ def verl_overrides(
         f"{rollout}.top_p={a.top_p}",
         f"{rollout}.top_k={a.top_k}",
         f"{rollout}.gpu_memory_utilization={v.gpu_memory_utilization}",
+        # Unset, vLLM's context is the model's max_position_embeddings (32k for Qwen2.5): its CUDA graphs and
+        # scheduler are sized for sequences the run never makes. Prompt + response bounds every rollout, the
+        # multi-turn tool loop's included (its response budget spans all turns).
+        f"{rollout}.max_model_len={a.max_prompt_length + a.max_response_length}",
         f"{rollout}.tensor_model_parallel_size={v.rollout_tp}",
         f"{rollout}.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
