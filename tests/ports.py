@@ -38,3 +38,29 @@ def free_port() -> int:
     with socket.socket() as s:  # no room below the ephemeral range on this machine
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+SKY_DEFAULT_API_PORT = 46580
+SKY_DEFAULT_QUEUE_PORT = 50011
+
+
+def sky_queue_port(api_port: int) -> int:
+    """The port of the request-queue manager a SkyPilot local API server on `api_port` starts: SkyPilot derives it
+    from the API port into 50000–59999 (`sky/server/requests/queues/mp_queue.py`, get_queue_manager_port), which lies
+    in the ephemeral range, so it must be checked free too."""
+    offset = api_port - SKY_DEFAULT_API_PORT
+    return SKY_DEFAULT_QUEUE_PORT if offset == 0 else 50000 + (SKY_DEFAULT_QUEUE_PORT - 50000 + offset) % 10000
+
+
+def free_sky_api_port() -> int:
+    """A port for a SkyPilot local API server (SKYPILOT_API_SERVER_LOCAL_PORT) whose queue manager's port is free
+    as well."""
+    for _ in range(64):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", sky_queue_port(port)))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a SkyPilot API server and its queue manager")

@@ -3,8 +3,9 @@ job group is refused for lack of cloud access, not validation.
 
 Runs in a subprocess whose HOME holds the catalog copy (SkyPilot fixes its paths at import) and whose API server
 listens on 127.0.0.1 on a free port, so it never meets another SkyPilot server on this machine; the server is
-stopped (by that port) in a `finally` of the subprocess. Its log is part of a failure's message; a server that
-lost its port to another process before binding it is started once more on another.
+stopped (by that port) in a `finally` of the subprocess. The port is one whose request-queue manager port (which
+SkyPilot derives from it, in the ephemeral range) is free too. The server's log is part of a failure's message; a
+server that lost either port to another process before binding it is started once more on others.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ports import free_port
+from ports import free_sky_api_port
 from sky_home import sky_home
 
 SCRIPT = r'''
@@ -61,7 +62,7 @@ print("RESULT" + json.dumps(out))
 def _run_with_a_server(tmp_path: Path, workdir: Path) -> tuple[subprocess.CompletedProcess, Path]:
     home = sky_home(tmp_path / "home")
     env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state"),
-           "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_port())}
+           "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_sky_api_port())}
     for var in ("SKY_RUNTIME_DIR", "SKYPILOT_API_SERVER_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(workdir), env["SKYPILOT_API_SERVER_LOCAL_PORT"]],
