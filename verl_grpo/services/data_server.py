@@ -27,7 +27,7 @@ from verl_grpo.contracts import DatasetVersion
 from verl_grpo.data.prepare import load_split, version_from_manifest
 from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command, service_cli
 from verl_grpo.services.state import ServiceState, service_state, store_options
 from verl_grpo.store import Store, strip_scheme
 from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir, dataset_versions
@@ -221,9 +221,7 @@ def build_app(server: DataServer, token: str | None, max_body_bytes: int, max_ba
     return app
 
 
-@click.group()
-def cli() -> None:
-    """data-server: prompt batches from a prepared dataset."""
+cli = service_cli("data-server: prompt batches from a prepared dataset.")
 
 
 @serve_command(cli, SPEC.port, store_options,

@@ -140,6 +140,16 @@ class BodyLimitMiddleware:
         await response(scope, receive, send)
 
 
+@dataclass(frozen=True)
+class OwnHealth:
+    """The GET /health of a service whose API fixes its own body: `model` is its response model, `body(uptime_s)`
+    its answer. Answered on the event loop, so a thread pool full of requests waiting on the model never starves the
+    health checks (a rollout router's, say)."""
+
+    model: type[BaseModel]
+    body: Callable[[float], BaseModel]
+
+
 def create_app(
     service: str,
     token: str | None,
@@ -147,12 +157,12 @@ def create_app(
     description: str = "",
     lifespan: Callable | None = None,
     health_info: Callable[[], dict[str, Any]] | None = None,
-    health_route: bool = True,
+    own_health: OwnHealth | None = None,
 ) -> tuple[FastAPI, Callable]:
     """A FastAPI app with the shared behaviour; returns (app, auth dependency to put on protected routers).
 
-    token None disables auth (the `serve` CLI only allows that on a loopback host with --no-auth).
-    health_route False leaves GET /health to the caller (a service whose API fixes its own health body).
+    token None disables auth (the `serve` CLI only allows that on a loopback host with --no-auth). GET /health
+    answers the shared `Health` (with `health_info()` as its info), or `own_health`'s body.
     """
     started = time.monotonic()
     app = FastAPI(title=f"verl-grpo {service}", description=description, default_response_class=SafeJSONResponse,
@@ -169,7 +179,11 @@ def create_app(
         if not hmac.compare_digest(credentials.credentials.encode(), expected):
             raise ServiceError(401, "unauthorized", "wrong bearer token")
 
-    if health_route:
+    if own_health is not None:
+        @app.get("/health", response_model=own_health.model, tags=["meta"])
+        async def own() -> BaseModel:
+            return own_health.body(round(time.monotonic() - started, 3))
+    else:
         @app.get("/health", response_model=Health, tags=["meta"])
         def health() -> Health:
             return Health(service=service, uptime_s=round(time.monotonic() - started, 3),
@@ -217,6 +231,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 # ---- the `serve` CLI -------------------------------------------------------------------------------------------------
+
+def service_cli(about: str) -> click.Group:
+    """A service module's command group (`python -m verl_grpo.services.<module> serve ...`); `about` is its help."""
+    return click.Group(help=about)
+
 
 @dataclass(frozen=True)
 class Serving:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, JsonValue, field_validator
 
 from verl_grpo.errors import InfraError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command, service_cli
 from verl_grpo.services.state import ServiceState, service_state, store_options
 
 logger = logging.getLogger(__name__)
@@ -310,9 +310,7 @@ def build_app(buffer: PersistentReplayBuffer, token: str | None, max_body_bytes:
     return app
 
 
-@click.group()
-def cli() -> None:
-    """replay-buffer: prioritised experience replay over HTTP."""
+cli = service_cli("replay-buffer: prioritised experience replay over HTTP.")
 
 
 @serve_command(cli, SPEC.port, store_options,

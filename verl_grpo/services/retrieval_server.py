@@ -20,7 +20,15 @@ from tqdm import tqdm
 
 from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, cli_errors, create_app, serve_command
+from verl_grpo.services.http import (
+    ERROR_RESPONSES,
+    ServiceError,
+    Serving,
+    cli_errors,
+    create_app,
+    serve_command,
+    service_cli,
+)
 from verl_grpo.services.retrieval_index import (
     Embedder,
     RetrievalIndex,
@@ -125,9 +133,7 @@ def ensure_index(store: Store, name: str, corpus: str | None, kind: str, embedde
         return build_index(store, name, passages, embedder, kind, corpus=str(corpus or "squad dev"), progress=bar)
 
 
-@click.group()
-def cli() -> None:
-    """retrieval-server: MiniLM + FAISS passage retrieval."""
+cli = service_cli("retrieval-server: MiniLM + FAISS passage retrieval.")
 
 
 def _index_options(fn):

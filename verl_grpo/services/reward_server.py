@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, JsonValue
 from verl_grpo.errors import DataError
 from verl_grpo.rewards import compute_scores, dataset_of
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command, service_cli
 
 logger = logging.getLogger(__name__)
 SPEC = SERVICES["reward"]
@@ -149,9 +149,7 @@ def build_app(scorer: RuleScorer | ModelScorer, token: str | None, max_body_byte
     return app
 
 
-@click.group()
-def cli() -> None:
-    """reward-server: verifiable rewards (or a neural reward model) over HTTP."""
+cli = service_cli("reward-server: verifiable rewards (or a neural reward model) over HTTP.")
 
 
 @serve_command(cli, SPEC.port,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +20,16 @@ import httpx
 from fastapi import APIRouter, Depends
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.services.http import ERROR_RESPONSES, SafeJSONResponse, ServiceError, Serving, create_app, serve_command
+from verl_grpo.services.http import (
+    ERROR_RESPONSES,
+    OwnHealth,
+    SafeJSONResponse,
+    ServiceError,
+    Serving,
+    create_app,
+    serve_command,
+    service_cli,
+)
 from verl_grpo.services.rollout_api import (
     GenerateRequest,
     GenerateResponse,
@@ -161,14 +169,9 @@ def build_app(router_state: RolloutRouter, token: str | None, max_body_bytes: in
             watcher.cancel()
             await router_state.http.aclose()
 
-    app, auth = create_app("rollout-router", token, max_body_bytes, lifespan=lifespan, health_route=False,
-                           description="Forwards /generate to the least-loaded healthy rollout server.")
-    started = time.monotonic()
-
-    @app.get("/health", response_model=RouterHealth, tags=["meta"])
-    async def health() -> RouterHealth:
-        return router_state.health(round(time.monotonic() - started, 3))
-
+    app, auth = create_app("rollout-router", token, max_body_bytes, lifespan=lifespan,
+                           description="Forwards /generate to the least-loaded healthy rollout server.",
+                           own_health=OwnHealth(RouterHealth, router_state.health))
     api = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
     @api.post("/generate", response_model=GenerateResponse)
@@ -206,9 +209,7 @@ def parse_workers(value: str) -> list[str]:
     return urls
 
 
-@click.group()
-def cli() -> None:
-    """rollout-router: least-in-flight routing of /generate across rollout servers."""
+cli = service_cli("rollout-router: least-in-flight routing of /generate across rollout servers.")
 
 
 @serve_command(cli, DEFAULT_PORT,

@@ -22,7 +22,15 @@ import click
 from fastapi import APIRouter, Depends
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command
+from verl_grpo.services.http import (
+    ERROR_RESPONSES,
+    OwnHealth,
+    ServiceError,
+    Serving,
+    create_app,
+    serve_command,
+    service_cli,
+)
 from verl_grpo.services.rollout_api import (
     GenerateRequest,
     GenerateResponse,
@@ -297,16 +305,10 @@ def _as_list(value: int | Sequence[int] | None) -> list[int]:
 
 
 def build_app(engine: RolloutEngine, token: str | None, max_body_bytes: int):
-    app, auth = create_app("rollout-server", token, max_body_bytes, health_route=False,
-                           description="Samples rollouts with their behaviour log-probs; loads new weights from disk.")
-    started = time.monotonic()
-
-    # Async (on the event loop): generations waiting for the model may fill the thread pool, and the router's
-    # health checks must still be answered.
-    @app.get("/health", response_model=ServerHealth, tags=["meta"])
-    async def health() -> ServerHealth:
-        return engine.health(round(time.monotonic() - started, 3))
-
+    # Generations waiting for the model may fill the thread pool: the router's health checks must still be answered.
+    app, auth = create_app("rollout-server", token, max_body_bytes,
+                           description="Samples rollouts with their behaviour log-probs; loads new weights from disk.",
+                           own_health=OwnHealth(ServerHealth, engine.health))
     router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
     @router.get("/policy_version", response_model=PolicyVersion)
@@ -327,9 +329,8 @@ def build_app(engine: RolloutEngine, token: str | None, max_body_bytes: int):
     return app
 
 
-@click.group()
-def cli() -> None:
-    """rollout-server: CPU sampling with transformers behind the rollout API of SkyPilot's job-group examples."""
+cli = service_cli("rollout-server: CPU sampling with transformers behind the rollout API of SkyPilot's job-group "
+                  "examples.")
 
 
 @serve_command(cli, DEFAULT_PORT,
