@@ -10,11 +10,12 @@ from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.services import SERVICES
 from verl_grpo.services.data_server import Cursor, epoch_order, take
-from verl_grpo.services.http import load_token, resolve_token
+from verl_grpo.services.http import load_token
 from verl_grpo.services.local_group import service_command
 from verl_grpo.services.replay_buffer import ReplayBuffer, priorities
 from verl_grpo.services.reward_client import jsonable
 from verl_grpo.services.search_tool import format_passages
+from verl_grpo.services.serving import resolve_token
 
 
 def test_epoch_order_is_a_seeded_permutation():

@@ -27,7 +27,8 @@ from verl_grpo.contracts import DatasetVersion
 from verl_grpo.data.prepare import load_split, version_from_manifest
 from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command, service_cli
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, create_app
+from verl_grpo.services.serving import Serving, serve_command, service_cli
 from verl_grpo.services.state import ServiceState, service_state, store_options
 from verl_grpo.store import Store, strip_scheme
 from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir, dataset_versions

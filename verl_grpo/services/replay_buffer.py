@@ -29,7 +29,8 @@ from pydantic import BaseModel, Field, JsonValue, field_validator
 
 from verl_grpo.errors import InfraError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command, service_cli
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, create_app
+from verl_grpo.services.serving import Serving, serve_command, service_cli
 from verl_grpo.services.state import ServiceState, service_state, store_options
 
 logger = logging.getLogger(__name__)

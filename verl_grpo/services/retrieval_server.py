@@ -20,15 +20,7 @@ from tqdm import tqdm
 
 from verl_grpo.errors import DataError
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    ServiceError,
-    Serving,
-    cli_errors,
-    create_app,
-    serve_command,
-    service_cli,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, create_app
 from verl_grpo.services.retrieval_index import (
     Embedder,
     RetrievalIndex,
@@ -39,6 +31,7 @@ from verl_grpo.services.retrieval_index import (
     recall_at_k,
     sample_questions,
 )
+from verl_grpo.services.serving import Serving, cli_errors, serve_command, service_cli
 from verl_grpo.services.state import open_store
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 

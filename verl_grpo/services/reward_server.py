@@ -22,7 +22,8 @@ from pydantic import BaseModel, Field, JsonValue
 from verl_grpo.errors import DataError
 from verl_grpo.rewards import compute_scores, dataset_of
 from verl_grpo.services import SERVICES
-from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, Serving, create_app, serve_command, service_cli
+from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, create_app
+from verl_grpo.services.serving import Serving, serve_command, service_cli
 
 logger = logging.getLogger(__name__)
 SPEC = SERVICES["reward"]

@@ -20,16 +20,7 @@ import httpx
 from fastapi import APIRouter, Depends
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    OwnHealth,
-    SafeJSONResponse,
-    ServiceError,
-    Serving,
-    create_app,
-    serve_command,
-    service_cli,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, OwnHealth, SafeJSONResponse, ServiceError, create_app
 from verl_grpo.services.rollout_api import (
     GenerateRequest,
     GenerateResponse,
@@ -38,6 +29,7 @@ from verl_grpo.services.rollout_api import (
     WorkerList,
     WorkerState,
 )
+from verl_grpo.services.serving import Serving, serve_command, service_cli
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8600

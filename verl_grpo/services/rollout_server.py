@@ -22,15 +22,7 @@ import click
 from fastapi import APIRouter, Depends
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.services.http import (
-    ERROR_RESPONSES,
-    OwnHealth,
-    ServiceError,
-    Serving,
-    create_app,
-    serve_command,
-    service_cli,
-)
+from verl_grpo.services.http import ERROR_RESPONSES, OwnHealth, ServiceError, create_app
 from verl_grpo.services.rollout_api import (
     GenerateRequest,
     GenerateResponse,
@@ -40,6 +32,7 @@ from verl_grpo.services.rollout_api import (
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
+from verl_grpo.services.serving import Serving, serve_command, service_cli
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8500
