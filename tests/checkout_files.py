@@ -9,8 +9,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def checkout_status() -> list[str]:
-    """Every untracked and ignored file of the checkout (the venv and bytecode caches aside), one line each."""
+    """Every untracked and ignored file of the checkout, one line each; aside: the venv, bytecode caches and the
+    suite's own model cache (`.state/test-models`, tests/conftest.py), which tests on other workers fill meanwhile
+    (a run under test has its own VERL_GRPO_HOME and model cache: tests/user_env.py drops the suite's)."""
     done = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--", ".",
-                           ":(exclude).venv"], cwd=REPO, capture_output=True, text=True, check=True)
+                           ":(exclude).venv", ":(exclude).state/test-models"], cwd=REPO, capture_output=True,
+                          text=True, check=True)
     return sorted(line for line in done.stdout.splitlines()
                   if "__pycache__/" not in line and ".pytest_cache/" not in line)
