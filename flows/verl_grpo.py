@@ -1,6 +1,6 @@
 """The `verl-grpo` flow: resolve → prepare → provision → train → evaluate → register, teardown always.
 
-The chain itself is verl_grpo.chain.run_chain, the same one `verl-grpo train` and `pipeline.run_pipeline` run;
+The chain itself is verl_grpo.chain.run_chain, the same one `verl-grpo train` and `plain_steps.run_pipeline` run;
 here each step is a Prefect task (flows/steps.py) and the outcome is published on the flow run.
 """
 

@@ -1,7 +1,7 @@
 """The pipeline's one chain: prepare → provision → train → evaluate (base, warm start, trained) → register, with
 teardown always and the run marked failed on any error.
 
-The Prefect flow (flows/verl_grpo.py), `pipeline.run_pipeline` and the CLI's partial commands all run `run_chain`;
+The Prefect flow (flows/verl_grpo.py), `plain_steps.run_pipeline` and the CLI's partial commands all run `run_chain`;
 they differ only in the `Steps` that carry out each step: Prefect tasks (retries, logs, artifacts per step) or the
 plain functions of plain_steps.py. Every step gets the run as resolved once (`ResolvedRun`), never the config strings.
 """

@@ -30,7 +30,6 @@ from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class SafeJSONResponse(JSONResponse):

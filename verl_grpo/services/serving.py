@@ -20,9 +20,10 @@ from fastapi import FastAPI
 
 from verl_grpo.errors import ConfigError, DataError, InfraError
 from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
-from verl_grpo.services.http import DEFAULT_MAX_BODY_BYTES, LOG_FORMAT, load_token
+from verl_grpo.services.http import DEFAULT_MAX_BODY_BYTES, load_token
 
 logger = logging.getLogger(__name__)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def service_cli(about: str) -> click.Group:
@@ -47,7 +48,13 @@ class Serving:
         return f"http://{self.host}:{self.port}"
 
     def run(self, app: FastAPI) -> None:
-        run_server(app, self.host, self.port, self.log_level, self.exit_with_parent)
+        """Serve until SIGTERM/SIGINT (uvicorn drains in-flight requests first)."""
+        import uvicorn
+
+        if self.exit_with_parent:
+            _watch_parent()
+        uvicorn.run(app, host=self.host, port=self.port, log_level=self.log_level, access_log=True,
+                    timeout_graceful_shutdown=10, server_header=False)
 
 
 def serve_command(group: click.Group, default_port: int, *options: Callable) -> Callable:
@@ -67,36 +74,33 @@ def serve_command(group: click.Group, default_port: int, *options: Callable) -> 
             token = resolve_token(host, token_env, token_file, no_auth)
             return fn(Serving(host, port, token, max_body_bytes, exit_with_parent, log_level), **own)
 
-        wrapped = cli_errors(command)
-        for option in reversed(options):
-            wrapped = option(wrapped)
-        return group.command("serve")(serve_options(default_port)(wrapped))
+        return group.command("serve")(_with_options(cli_errors(command), [*serve_options(default_port), *options]))
 
     return decorate
 
 
-def serve_options(default_port: int) -> Callable:
-    """Click options every `serve` command shares."""
+def serve_options(default_port: int) -> list[Callable]:
+    """The click options every `serve` command shares, in the order --help lists them."""
+    return [
+        click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind."),
+        click.option("--port", type=int, default=default_port, show_default=True),
+        click.option("--token-env", default=DEFAULT_TOKEN_ENV, show_default=True,
+                     help="Env var with the bearer token (or <NAME>_FILE naming a file with it)."),
+        click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+                     help="File holding the bearer token (overrides the env var)."),
+        click.option("--no-auth", is_flag=True, help="Serve without a token (loopback hosts only, for debugging)."),
+        click.option("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, show_default=True),
+        click.option("--exit-with-parent", is_flag=True,
+                     help="Stop when the process that started this one exits (local job group)."),
+        click.option("--log-level", default="info", show_default=True),
+    ]
 
-    def decorate(fn: Callable) -> Callable:
-        options = [
-            click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind."),
-            click.option("--port", type=int, default=default_port, show_default=True),
-            click.option("--token-env", default=DEFAULT_TOKEN_ENV, show_default=True,
-                         help="Env var with the bearer token (or <NAME>_FILE naming a file with it)."),
-            click.option("--token-file", type=click.Path(dir_okay=False), default=None,
-                         help="File holding the bearer token (overrides the env var)."),
-            click.option("--no-auth", is_flag=True, help="Serve without a token (loopback hosts only, for debugging)."),
-            click.option("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, show_default=True),
-            click.option("--exit-with-parent", is_flag=True,
-                         help="Stop when the process that started this one exits (local job group)."),
-            click.option("--log-level", default="info", show_default=True),
-        ]
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
 
-    return decorate
+def _with_options(fn: Callable, options: list[Callable]) -> Callable:
+    """`fn` decorated by `options`, the first listed first in --help (decorators apply bottom-up)."""
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
 
 
 def resolve_token(host: str, token_env: str, token_file: str | None, no_auth: bool) -> str | None:
@@ -119,17 +123,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def run_server(app: FastAPI, host: str, port: int, log_level: str = "info", exit_with_parent: bool = False) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn drains in-flight requests first)."""
-    import uvicorn
-
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
-    if exit_with_parent:
-        _watch_parent()
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=True, timeout_graceful_shutdown=10,
-                server_header=False)
 
 
 def _watch_parent(poll_s: float = 1.0) -> None:

@@ -4,8 +4,12 @@ an importance ratio against the behaviour policy (the log-probs the rollout serv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from verl_grpo.config.schema import AlgorithmConfig
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -59,8 +63,8 @@ class Surrogate:
     """seq-mean-token-sum-norm's divisor (the run's max_response_length); None: the padded length."""
 
     @classmethod
-    def of(cls, algorithm) -> Surrogate:
-        """From an AlgorithmConfig."""
+    def of(cls, algorithm: AlgorithmConfig) -> Surrogate:
+        """The run's algorithm.clip_low, .clip_high, .loss_agg_mode and .max_response_length."""
         return cls(algorithm.clip_low, algorithm.clip_high, algorithm.loss_agg_mode, algorithm.max_response_length)
 
 
