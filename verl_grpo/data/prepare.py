@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 BUILDERS: dict[str, DatasetBuilder] = {b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER)}
 REJECTED_FILE = "rejected.parquet"
 HASH_CHARS = 16
+AGENT_SETTING = "agent_name"
+"""The settings key naming the rows' agent loop; present only for a dataset prepared for the tool agent."""
 
 
 def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> DatasetVersion:
@@ -78,7 +80,7 @@ def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> Data
         "chat_template_sha256": _chat_template_sha(tokenizer),
     }
     if uses_tool_agent(cfg):
-        settings["agent_name"] = TOOL_AGENT  # only then: the hashes of tool-free datasets stay as they were
+        settings[AGENT_SETTING] = TOOL_AGENT  # only then: the hashes of tool-free datasets stay as they were
     full_hash = dataset_hash(source.fingerprint, settings)
     digest = full_hash[:HASH_CHARS]
     rel = dataset_dir(dcfg.name, digest)
@@ -108,7 +110,7 @@ def _write_version(
     version's directory (`dataset_dir(name, hash)`); rows carry the tool agent's fields when `settings` name it."""
     digest = full_hash[:HASH_CHARS]
     rel = dataset_dir(builder.name, digest)
-    schema = row_schema(builder.extra_fields, tool_agent="agent_name" in settings)
+    schema = row_schema(builder.extra_fields, tool_agent=AGENT_SETTING in settings)
     with tempfile.TemporaryDirectory(prefix="verl-grpo-data-") as tmp:
         for split, rows in built.splits.items():
             _write_parquet(store, Path(tmp), rel, f"{split}.parquet", pa.Table.from_pylist(rows, schema=schema))

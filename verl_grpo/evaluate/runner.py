@@ -99,7 +99,7 @@ def evaluate_model(
 ) -> EvalReport:
     """Greedy mean@1 (plus pass@k/maj@k when `samples` > 0) of a model on the held-out split.
 
-    The per-problem table goes to `out_rel` (relative to the store root; a run's is `layout.eval_table(run_id,
+    The per-problem table goes to `out_rel` (relative to the store root; a run's is `store_layout.eval_table(run_id,
     split)`), by default the run's that a `runs/{run_id}/model` URI names.
     `shards`: the responses of every shard (`evaluate_shard` 0..eval.shards-1); given, nothing is generated here.
     """

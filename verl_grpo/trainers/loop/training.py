@@ -167,6 +167,10 @@ class StepBatch:
     def trained(self) -> list[Group]:
         return [*self.fresh, *self.replayed]
 
+    @property
+    def dropped_stale(self) -> int:
+        return self.dropped_replay + len(self.dropped)
+
 
 class Loop:
     """The training steps of one attempt, with the rollout fleet and the services."""
@@ -250,7 +254,7 @@ class Loop:
         t = times.add("update", t)
         state.record(groups, current)
         state.advance(taken)  # past every fresh prompt taken, dropped ones included, in the data-server's order
-        state.dropped_stale_total += dropped_replay + len(batch.dropped)
+        state.dropped_stale_total += batch.dropped_stale
         state.step += 1
         state.updates_since_push += 1
         services.replay.post("/add", {"items": [{"data": g.payload(), "reward": g.mean_reward,
@@ -347,7 +351,7 @@ class Loop:
             "replay/share": len(replayed) / max(len(groups), 1),
             "staleness/max": max(lags, default=0),
             "staleness/mean": sum(lags) / max(len(lags), 1),
-            "dropped_stale": batch.dropped_replay + len(dropped),
+            "dropped_stale": batch.dropped_stale,
             "dropped_stale_total": self.state.dropped_stale_total,
             "fresh_prompt_ids": [g.prompt_id for g in fresh],
             "replayed_prompt_ids": [g.prompt_id for g in replayed],
