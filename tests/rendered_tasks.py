@@ -9,6 +9,7 @@ from verl_grpo.providers.skypilot import templates
 from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
 from verl_grpo.trainers.verl.fully_async import ENTRY_MODULE, fully_async_overrides
 from verl_grpo.trainers.verl.overrides import VerlPaths, run_paths, verl_overrides
+from verl_grpo.trainers.verl.samples import SamplesPlan
 from verl_grpo.trainers.verl.settings import checkpoint_env
 
 MOUNT = "/tmp/verl-grpo/datasets/gsm8k/abc123"
@@ -43,5 +44,6 @@ def render(shape: str, env: dict[str, str], *extra: str, workdir: str = "/src/ve
                      env={DATASET_URI_ENV: "s3://bucket/store/datasets/gsm8k/abc123", DATASET_MOUNT_ENV: MOUNT,
                           "MLFLOW_TRACKING_URI": "sqlite:////tmp/verl-grpo/mlflow.db",
                           **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2,
-                                           CKPT_MOUNT if cfg.infra.nodes > 1 else None)})
+                                           CKPT_MOUNT if cfg.infra.nodes > 1 else None),
+                          **(plan.env() if (plan := SamplesPlan.of(cfg)) else {})})
     return templates.render(cfg, spec, env, workdir=workdir)

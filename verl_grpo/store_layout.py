@@ -28,6 +28,8 @@ RUN_RECORD = "run.json"
 TRAIN_RESULT = "train_result.json"
 METRICS_FILE = "metrics.jsonl"
 """One JSON object per logged training step; beside the run, and inside every checkpoint."""
+SAMPLES_FILE = "samples.jsonl"
+"""`{"step": N, "samples": [...]}` per sampled training step (trainer.log_samples_every); travels like metrics."""
 CHECKPOINT_MANIFEST = "MANIFEST.json"
 """Written last into a checkpoint directory: a checkpoint without it is not complete."""
 STEP_PREFIX = "global_step_"
@@ -74,6 +76,10 @@ def train_result(run_id: str) -> str:
 
 def run_metrics(run_id: str) -> str:
     return f"{run_dir(run_id)}/{METRICS_FILE}"
+
+
+def run_samples(run_id: str) -> str:
+    return f"{run_dir(run_id)}/{SAMPLES_FILE}"
 
 
 def run_reward_curve(run_id: str) -> str:

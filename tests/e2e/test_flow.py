@@ -85,6 +85,13 @@ def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness,
                                                      str(tmp_path))).read_text())
     assert {"prompt", "base_response", "warm_start_response", "trained_response", "flip"} <= set(side["columns"])
     assert len(side["data"]) == int(summary["eval_split"].split("n=")[1].rstrip(")"))  # one row per eval problem
+    # What the model wrote while it trained: every step's first group, as a table MLflow's UI renders.
+    samples = json.loads(Path(client.download_artifacts(mlflow_run.info.run_id, "train/samples.json",
+                                                        str(tmp_path))).read_text())
+    assert {"step", "prompt", "response", "reward", "advantage", "truncated", "reward/correctness"} <= \
+        set(samples["columns"])
+    rows = [dict(zip(samples["columns"], row, strict=True)) for row in samples["data"]]
+    assert sorted({r["step"] for r in rows}) == [1, 2, 3, 4] and all(r["response"] for r in rows)
 
     # Registry: one version whose files load back with transformers and generate.
     versions = client.search_model_versions(f"name='{cfg.registered_model_name}'")

@@ -86,6 +86,15 @@ def test_loop_run_survives_a_trainer_sigkill(tiny_overrides, tmp_path):
     assert [r["replay/groups"] for r in records] == [0] + [1] * (STEPS - 1)
     assert [r["fresh/groups"] + r["replay/groups"] for r in records] == [2] * STEPS
 
+    # Samples: every step's first rollouts (whole groups), with the policy version and source that made them; steps
+    # before the kill come back from the checkpoint of step 3.
+    samples = [json.loads(line) for line in store.read_text("runs", run_id, "samples.jsonl").splitlines()]
+    assert [r["step"] for r in samples] == list(range(1, STEPS + 1))
+    for record in samples:
+        assert len(record["samples"]) == 4 and all(s["response"] and s["prompt"] for s in record["samples"])
+        assert all(s["source"] in ("fresh", "replay") and s["policy_version"] <= record["step"]
+                   for s in record["samples"])
+        assert all(s["components"] and "correctness" in s["components"] for s in record["samples"])
     fresh = [pid for r in records for pid in r["fresh_prompt_ids"] + r["dropped_prompt_ids"]]
     assert fresh == [f"0:{i}" for i in range(len(fresh))], "fresh prompts in data-server order, none lost"
     uses = Counter(pid for r in records for pid in r["fresh_prompt_ids"] + r["replayed_prompt_ids"])

@@ -82,11 +82,13 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
         if artifact.key not in by_key or artifact.created > by_key[artifact.key].created:
             by_key[artifact.key] = artifact
     assert {"run-summary-gsm8k", "eval-results", "mlflow-run", "checkpoint", "model", "training-progress",
-            "training-rewards"} <= set(by_key)
+            "training-rewards", "training-samples"} <= set(by_key)
     summary = by_key["run-summary-gsm8k"].data  # one key per dataset: its history is the nightly leaderboard
     assert run_id in summary and "config_digest" in summary and "decision" in summary
     assert float(by_key["training-progress"].data) == pytest.approx(100.0)
     assert "| 4/4 |" in by_key["training-rewards"].data
+    samples = json.loads(by_key["training-samples"].data)  # the last sampled step's rollouts, readable
+    assert {r["step"] for r in samples} == {4} and all(r["prompt"] and "reward" in r for r in samples)
     table = json.loads(by_key["eval-results"].data)
     assert "accuracy" in {row["metric"] for row in table}
     assert by_key["checkpoint"].type == "markdown" and "global_step_4" in by_key["checkpoint"].data

@@ -25,6 +25,7 @@ from verl_grpo.store import Store, strip_scheme
 from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD, TIED_GROUP_SHARE
 from verl_grpo.trainers.verl.overrides import run_paths, verl_overrides
 from verl_grpo.trainers.verl.progress import parse_progress
+from verl_grpo.trainers.verl.samples import SamplesPlan
 from verl_grpo.trainers.verl.settings import checkpoint_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +73,7 @@ def _plan(cfg: RunConfig, files, s3_bucket, tmp_path: Path, run_id: str, env: di
     paths = replace(run_paths(cfg, str(ckpt)), model_path=cfg.model.name)
     overrides = verl_overrides(cfg, files, paths, run_id, env=env or {})
     run_env = {**os.environ, **checkpoint_env(uri, endpoint, run_id, str(ckpt), cfg.storage.keep_last),
+               **SamplesPlan.of(cfg).env(),
                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(REPO),
                "PYTHONUNBUFFERED": "1"}
     (ckpt / "metrics").mkdir(parents=True, exist_ok=True)
@@ -156,6 +158,25 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     published = [json.loads(x) for x in store.read_text("runs/run-a/metrics.jsonl").splitlines()]
     assert [r["step"] for r in published] == [1, 2, 3, 4]
     assert all({ALL_TIED, CLIPPED_RATIO, MEAN_LENGTH, REWARD, LOSS} <= set(r) for r in published)
+    # samples: verl's own rollout dumps (trainer.rollout_data_dir), a few per step, travelling like the metrics
+    samples = [json.loads(x) for x in store.read_text("runs/run-a/samples.jsonl").splitlines()]
+    assert [r["step"] for r in samples] == [1, 2, 3, 4]
+    for record in samples:
+        rows = record["samples"]
+        assert len(rows) == 4 and all(r["prompt"] and "truncated" not in r for r in rows)  # verl does not say
+        assert all(r["reward"] == pytest.approx(sum(c.isdigit() for c in r["response"]) / max(len(r["response"]), 1))
+                   for r in rows)  # the dumped score is the reward function's
+        assert all(r["components"] == {} for r in rows)  # DIGITS_REWARD has no parts: `acc` is not one
+        for group in (rows[:2], rows[2:]):  # rollout.n=2: consecutive pairs share a prompt
+            assert group[0]["prompt"] == group[1]["prompt"]
+            assert sum(r["advantage"] for r in group) == pytest.approx(0.0, abs=1e-6)
+    in_checkpoint = [json.loads(x) for x in store.read_text("runs/run-a/checkpoints/global_step_2/samples.jsonl")
+                     .splitlines()]
+    assert [r["step"] for r in in_checkpoint] == [1, 2] and in_checkpoint == samples[:2]
+    dumps = Path(f"{ckpt}-rollouts")
+    assert sorted(p.name for p in dumps.iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl", "4.jsonl"]
+    assert [len((dumps / f"{step}.jsonl").read_text().splitlines()) for step in (1, 2, 3, 4)] == [4, 4, 4, 8], \
+        "a commit keeps of earlier dumps only the whole groups samples.jsonl reads"
     from transformers import AutoModelForCausalLM
 
     local = tmp_path / "merged"
@@ -181,6 +202,11 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     for before, after in zip(steps[2:], _steps(resumed.stdout), strict=True):
         assert _untimed(after.metrics) == _untimed(before.metrics)
     assert CheckpointStore(store).latest_complete("run-b").step == 4
+    resumed_samples = [json.loads(x) for x in store.read_text("runs/run-b/checkpoints/global_step_4/samples.jsonl")
+                       .splitlines()]
+    assert [r["step"] for r in resumed_samples] == [1, 2, 3, 4], "1-2 restored as history, 3-4 from the dumps"
+    assert [[r["prompt"] for r in x["samples"]] for x in resumed_samples] == \
+        [[r["prompt"] for r in x["samples"]] for x in samples]
 
 
 def _untimed(metrics: dict) -> dict:

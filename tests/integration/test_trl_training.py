@@ -115,6 +115,29 @@ def test_run_commits_checkpoints_metrics_result_and_model(uninterrupted):
     assert TrainResult.model_validate_json(store.read_text("runs", RUN_ID, "train_result.json")) == result
 
 
+def test_each_step_keeps_its_first_group_as_readable_samples(uninterrupted):
+    from verl_grpo.rewards.trl_adapter import trl_reward_functions
+
+    root, _spec, store, _proc = uninterrupted
+    records = metrics_lines(root / "work" / "samples.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # trainer.log_samples_every=1
+    names = reward_component_names()
+    weights = dict(zip(names, trl_reward_functions("gsm8k")[1], strict=True))
+    for record in records:
+        samples = record["samples"]
+        assert len(samples) == 4, "trainer.samples_per_step=4: the step's first group of 4 rollouts"
+        assert len({s["prompt"] for s in samples}) == 1, "one group: one prompt, four responses"
+        assert samples[0]["prompt"].strip() and not samples[0]["prompt"].startswith("[")  # the question as text
+        for s in samples:
+            assert set(s["components"]) == set(names)
+            assert s["reward"] == pytest.approx(sum(weights[n] * v for n, v in s["components"].items()))
+            assert isinstance(s["truncated"], bool) and isinstance(s["response"], str)
+        assert sum(s["advantage"] for s in samples) == pytest.approx(0.0, abs=1e-4)  # group-normalised
+    assert metrics_lines(local_path(store.url("runs", RUN_ID, "samples.jsonl"))) == records
+    in_checkpoint = store.read_text("runs", RUN_ID, "checkpoints", "global_step_2", "samples.jsonl").splitlines()
+    assert [json.loads(x)["step"] for x in in_checkpoint] == [1, 2]
+
+
 def test_final_model_loads_and_generates(uninterrupted):
     import torch
 
@@ -157,6 +180,11 @@ def test_killed_run_resumes_where_it_stopped(uninterrupted, tmp_path, tiny_model
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]
     assert [m["prompt_indices"] for m in resumed] == [m["prompt_indices"] for m in reference]
     assert [m["reward"] for m in resumed] == [m["reward"] for m in reference]
+    resumed_samples = metrics_lines(tmp_path / "work" / "samples.jsonl")
+    reference_samples = metrics_lines(_root / "work" / "samples.jsonl")
+    assert [r["step"] for r in resumed_samples] == [1, 2, 3, 4], "steps 1-2 come back from the checkpoint"
+    assert [[s["prompt"] for s in r["samples"]] for r in resumed_samples] == \
+        [[s["prompt"] for s in r["samples"]] for r in reference_samples]
 
     import torch
 

@@ -175,6 +175,14 @@ class TrainerConfig(_Section):
     bf16 is emulated and slower (bench/results/trl_step.md). Decided on the machine that trains."""
     logging_steps: int = Field(1, ge=1)
     """Record training metrics every this many steps."""
+    log_samples_every: int = Field(1, ge=0)
+    """Every this many steps, keep `samples_per_step` of the step's rollouts (prompt, response, reward and each of
+    its components, advantage, truncation; policy version and source for the loop) in the run's `samples.jsonl`
+    beside metrics.jsonl; registration shows them as an MLflow table and the flow run as a Prefect artifact. 0 keeps
+    none. verl runs take them from verl's own rollout dumps (`trainer.rollout_data_dir`, beside the checkpoint dir;
+    a commit trims the dumps to what is kept), where truncation is not recorded."""
+    samples_per_step: int = Field(4, ge=1)
+    """Rollouts kept per sampled step: whole prompt groups first, so a group's responses can be compared."""
     no_signal_steps: int = Field(3, ge=0)
     """Warn once, naming the likely causes, when this many consecutive steps carry no learning signal (the rollouts
     of every prompt tie, so every advantage is 0); 0 turns the check off."""

@@ -44,6 +44,7 @@ from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
 from verl_grpo.store_layout import DATASET_MANIFEST, run_config, run_reward_curve
 from verl_grpo.trainers.signal import run_findings
+from verl_grpo.trainers.worker.samples import sample_rows, stored_samples
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 RUN_NOTE_TAG = "mlflow.note.content"
 """MLflow's run description (the run page's Description; the runs table's tooltip)."""
 EVAL_ARTIFACT_DIR = "eval"
+TRAIN_SAMPLES_ARTIFACT = "train/samples.json"
+"""The run's training samples (samples.jsonl, every sampled step) as a table MLflow's UI renders."""
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
 DECISION_TAG = "promotion.decision"
 FINAL_STEP_METRIC = "train/final_step"
@@ -246,6 +249,8 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, outcome: Outcome, s
     if base_report is not None:  # a table MLflow's UI renders (parquet it cannot preview): problems that flipped first
         table = side_by_side(tables.of(report), tables.of(base_report), tables.of(warm) if warm is not None else None)
         client.log_table(mlflow_run_id, table, f"{EVAL_ARTIFACT_DIR}/{report.split}-side_by_side.json")
+    if samples := sample_rows(stored_samples(store, run_id)):  # what the model wrote while it trained
+        client.log_table(mlflow_run_id, pd.DataFrame(samples), TRAIN_SAMPLES_ARTIFACT)
 
 
 def _recorded_decision(client: MlflowClient, name: str, version: MlflowModelVersion,

@@ -140,8 +140,11 @@ class StandinTrainer:
         timing["gen"] = time.perf_counter() - t
         t = time.perf_counter()
         texts = self.actor.decode_responses(rollout)
-        scores = [self.data.score(batch, i // n, text)[0] for i, text in enumerate(texts)]
+        scored = [self.data.score(batch, i // n, text) for i, text in enumerate(texts)]
+        scores = [score for score, _ in scored]
         timing["reward"] = time.perf_counter() - t
+        if rollout_data_dir := self.config.trainer.get("rollout_data_dir"):
+            self._dump_generations(batch, n, rollout, texts, scored, rollout_data_dir)
         advantages = self.actor.advantages(scores, rollout, np.repeat(batch["uid"], n))
         t = time.perf_counter()
         actor_metrics = self.actor.update(rollout, advantages)
@@ -163,6 +166,22 @@ class StandinTrainer:
             "response_length/clip_ratio": float(torch.eq(resp_len, max_response_length).float().mean()),
             "prompt_length/mean": float(rollout["prompt_mask"].sum(dim=1).float().mean()),
         }
+
+    def _dump_generations(self, batch: dict[str, Any], n: int, rollout: dict[str, torch.Tensor], texts: list[str],
+                          scored: list[tuple[float, dict[str, Any]]], dump_path: str) -> None:
+        """verl's `_log_rollout_data` → `_write_generations` (its own writer, called synchronously here): decoded
+        prompts and responses, ground truths, scores, and every key of the score dicts as NaiveRewardManager
+        collects them into reward_extra_info."""
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        inputs = self.data.tokenizer.batch_decode(rollout["prompts"], skip_special_tokens=True)
+        gts = [batch["reward_model"][i // n]["ground_truth"] for i in range(len(texts))]
+        extra: dict[str, list] = {}
+        for _, info in scored:
+            for key, value in info.items():
+                extra.setdefault(key, []).append(value)
+        RayPPOTrainer._write_generations(inputs, texts, gts, [score for score, _ in scored], extra, dump_path,
+                                         self.global_steps)
 
     # ---- verl v1 PPOTrainer._save_checkpoint / _load_checkpoint --------------------------------------------
 

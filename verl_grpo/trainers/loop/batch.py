@@ -17,6 +17,8 @@ class Rollout:
     logprobs: list[float]
     reward: float
     finish_reason: str = "stop"
+    components: dict[str, float] = field(default_factory=dict)
+    """The reward's parts as the reward-server scored them (correctness, format, ...)."""
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from typing import Any
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
-from verl_grpo.store_layout import model_dir, run_metrics, train_result
+from verl_grpo.store_layout import model_dir, train_result
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.exits import RESULT_FILE
 from verl_grpo.trainers.loop.batch import LoopState
 from verl_grpo.trainers.run_summary import SummaryNames, summarize
 from verl_grpo.trainers.signal import MEAN_LENGTH
-from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.metrics import WorkerLogs
 from verl_grpo.trainers.worker.spec import WorkerSpec
 
 SUMMARY = SummaryNames(
@@ -27,17 +27,17 @@ FINAL_MODEL_DIR = "final_model"
 """The worker directory's subdirectory the final model is saved into before its upload."""
 
 
-def publish(spec: WorkerSpec, checkpoints: CheckpointStore, metrics: MetricsLog, state: LoopState,
+def publish(spec: WorkerSpec, checkpoints: CheckpointStore, logs: WorkerLogs, state: LoopState,
             last_ref: CheckpointRef | None, servers: dict[str, int],
             warm_summary: dict[str, float] | None = None) -> TrainResult:
-    """Upload the final model (saved in the worker directory's FINAL_MODEL_DIR) and the metrics, and write the
+    """Upload the final model (saved in the worker directory's FINAL_MODEL_DIR), the metrics and samples, and write the
     run's TrainResult to the store and the worker directory."""
     store, final_dir = spec.store, spec.workdir / FINAL_MODEL_DIR
     retrying = checkpoints.retrying
     retrying("remove the previous model", lambda: store.rm(model_dir(spec.run_id)))
     model_uri = retrying("upload the final model", lambda: store.put_dir(final_dir, model_dir(spec.run_id)))
-    metrics_uri = retrying("upload metrics", lambda: store.put_file(metrics.path, run_metrics(spec.run_id)))
-    records = metrics.records()
+    metrics_uri = logs.publish(store, spec.run_id, retrying)
+    records = logs.metrics.records()
     summary = summarize(records, SUMMARY)
     summary.update(loop_summary(state, records, servers))
     summary.update(warm_summary or {})

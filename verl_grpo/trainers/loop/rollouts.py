@@ -15,6 +15,7 @@ from typing import Any
 from verl_grpo.config import RunConfig
 from verl_grpo.services.reward_client import reward_item, score_batch
 from verl_grpo.trainers.loop.batch import Group, Rollout, prompt_ids, replay_count
+from verl_grpo.trainers.worker.samples import score_components
 
 
 def groups_ahead(cfg: RunConfig) -> int:
@@ -105,8 +106,8 @@ class RolloutProducer:
         produced = []
         for index, (prompt_id, cursor_after) in enumerate(ids):
             pairs = by_prompt[index]
-            rollouts = [Rollout(list(o.token_ids), list(o.logprobs), float(s["score"]), o.finish_reason)
-                        for o, s in pairs]
+            rollouts = [Rollout(list(o.token_ids), list(o.logprobs), float(s["score"]), o.finish_reason,
+                                components=score_components(s)) for o, s in pairs]
             group = Group(prompt_id, list(pairs[0][0].prompt_token_ids), rollouts, response.policy_version,
                           cursor_after=cursor_after)
             produced.append(Produced(group, t1 - t0, t2 - t1))

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import DataError, InfraError
 from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
 from verl_grpo.services.client import ServiceClient, service_url
-from verl_grpo.store_layout import METRICS_FILE, STEP_PREFIX
+from verl_grpo.store_layout import STEP_PREFIX
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
 from verl_grpo.trainers.loop.batch import Group, LoopState, choose_replays, is_stale, replay_count, staleness
@@ -39,8 +40,9 @@ from verl_grpo.trainers.loop.rollouts import RolloutProducer
 from verl_grpo.trainers.loop.update import PolicyUpdate, UpdateStats
 from verl_grpo.trainers.signal import CLIPPED_RATIO, MEAN_LENGTH, TIED_GROUP_SHARE, NoSignalWatch
 from verl_grpo.trainers.worker.errors import check_workdir
-from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.metrics import WorkerLogs
 from verl_grpo.trainers.worker.progress import progress_line
+from verl_grpo.trainers.worker.samples import Sample, first_groups, group_advantages, sampled_step
 from verl_grpo.trainers.worker.spec import WorkerSpec
 
 STATE_FILE = "loop_state.json"
@@ -89,19 +91,19 @@ def run(spec: WorkerSpec) -> TrainResult:
     torch.manual_seed(cfg.algorithm.seed)
     check_workdir(spec.workdir)
     checkpoints = CheckpointStore.from_config(spec.store, cfg.storage)
-    metrics = MetricsLog(spec.workdir / METRICS_FILE)
+    logs = WorkerLogs(spec.workdir)
     local = LocalCheckpoints(spec.workdir / "checkpoints", STEP_PREFIX)
     restored = restore_latest(checkpoints, spec.run_id, local)
     total_steps = spec.planned_steps
     from verl_grpo.models import load_model_and_tokenizer, resolve_model
 
     if restored is None:
-        metrics.reset()
+        logs.reset()
         state, optimizer_state, last_ref = LoopState(), None, None
         start_model, warm_summary = _warm_started(spec, _base_model(spec, resolve_model))
     else:
         last_ref, step_dir = restored
-        metrics.reset(step_dir / METRICS_FILE, upto_step=last_ref.step)
+        logs.reset(step_dir, upto_step=last_ref.step)
         state = LoopState.from_json(json.loads((step_dir / STATE_FILE).read_text()))
         start_model = step_dir / MODEL_SUBDIR
         optimizer_state = torch.load(step_dir / OPTIMIZER_FILE, weights_only=True)
@@ -116,14 +118,14 @@ def run(spec: WorkerSpec) -> TrainResult:
     shutil.rmtree(final_dir, ignore_errors=True)
     servers: dict[str, int] = {}
     if state.step < total_steps:
-        loop = Loop(spec, model, tokenizer, optimizer, state, metrics, checkpoints)
+        loop = Loop(spec, model, tokenizer, optimizer, state, logs, checkpoints)
         last_ref = loop.run(start_model) or last_ref
         servers = loop.server_versions
     else:
         say(f"run {spec.run_id} already reached step {state.step}; publishing that checkpoint")
     model.save_pretrained(final_dir, safe_serialization=True)
     tokenizer.save_pretrained(final_dir)
-    return publish(spec, checkpoints, metrics, state, last_ref, servers, warm_summary)
+    return publish(spec, checkpoints, logs, state, last_ref, servers, warm_summary)
 
 
 def _base_model(spec: WorkerSpec, resolve_model) -> Path | str:
@@ -175,11 +177,11 @@ class StepBatch:
 class Loop:
     """The training steps of one attempt, with the rollout fleet and the services."""
 
-    def __init__(self, spec: WorkerSpec, model, tokenizer, optimizer, state: LoopState, metrics: MetricsLog,
+    def __init__(self, spec: WorkerSpec, model, tokenizer, optimizer, state: LoopState, logs: WorkerLogs,
                  checkpoints: CheckpointStore):
         cfg = spec.cfg
         self.spec, self.cfg, self.model, self.tokenizer = spec, cfg, model, tokenizer
-        self.optimizer, self.state, self.metrics, self.checkpoints = optimizer, state, metrics, checkpoints
+        self.optimizer, self.state, self.logs, self.checkpoints = optimizer, state, logs, checkpoints
         self.total_steps = spec.planned_steps
         alg = cfg.algorithm
         self.updater = PolicyUpdate(model, optimizer, surrogate=Surrogate.of(alg), temperature=alg.temperature,
@@ -266,7 +268,9 @@ class Loop:
             t = times.add("weight_push", t)
         times.seconds["generate"], times.seconds["reward"] = generate_s, reward_s
         record = self._record(batch, current, stats, times)
-        self.metrics.append(record)
+        self.logs.metrics.append(record)
+        if sampled_step(state.step, self.cfg.trainer.log_samples_every):
+            self.logs.samples.append({"step": state.step, "samples": [s.record() for s in self._samples(groups)]})
         say(progress_line(record, self.total_steps) + f" version={state.policy_version} "
             f"replay={record['replay/share']:.3g} stale={record['staleness/max']} dropped={record['dropped_stale']}")
         if self.no_signal is not None and (warning := self.no_signal.observe(record)):
@@ -364,6 +368,19 @@ class Loop:
         record["step_time"] = sum(v for k, v in times.seconds.items() if k not in ("generate", "reward"))
         return record
 
+    def _samples(self, groups: Sequence[Group]) -> list[Sample]:
+        """The first trainer.samples_per_step rollouts of the step, whole groups first, decoded."""
+        k, picked = self.cfg.trainer.samples_per_step, []
+        for group in groups:
+            prompt = self.tokenizer.decode(group.prompt_token_ids, skip_special_tokens=True)
+            advantages = group_advantages(group.rewards)
+            picked.append([Sample(prompt, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.reward,
+                                  advantage, r.finish_reason == "length", dict(r.components), group.policy_version,
+                                  group.source) for r, advantage in zip(group.rollouts, advantages, strict=True)])
+            if sum(map(len, picked)) >= k:
+                break
+        return first_groups(picked, k)
+
     def _checkpoint(self) -> CheckpointRef:
         state = self.state
         step_dir = LocalCheckpoints(self.spec.workdir / "checkpoints", STEP_PREFIX).step_dir(state.step)
@@ -372,7 +389,7 @@ class Loop:
         self.tokenizer.save_pretrained(step_dir / MODEL_SUBDIR)
         torch.save(self.optimizer.state_dict(), step_dir / OPTIMIZER_FILE)
         write_json_atomic(step_dir / STATE_FILE, state.to_json())
-        shutil.copyfile(self.metrics.path, step_dir / METRICS_FILE)
+        self.logs.copy_into(step_dir)
         ref = self.checkpoints.save(self.spec.run_id, state.step, step_dir,
                                     {"policy_version": state.policy_version, "cursor": list(state.cursor)})
         say(f"checkpoint step {state.step} committed ({ref.uri})")

@@ -1,5 +1,5 @@
-"""What the TRL worker does around HF Trainer events: metrics.jsonl, progress lines, the learning-signal watch,
-checkpoint commits, SIGTERM.
+"""What the TRL worker does around HF Trainer events: metrics.jsonl and samples.jsonl, progress lines, the
+learning-signal watch, checkpoint commits, SIGTERM.
 
 Checkpoints are committed by a BackgroundSaver: `on_save` snapshots HF's checkpoint dir and returns while
 the upload runs, so the next steps train during the upload.
@@ -8,7 +8,6 @@ the upload runs, so the next steps train during the upload.
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,12 @@ from transformers import TrainerCallback
 from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import TrainingError
-from verl_grpo.store_layout import METRICS_FILE
 from verl_grpo.trainers.signal import ALL_TIED, TIED_GROUP_SHARE, NoSignalWatch, all_tied
+from verl_grpo.trainers.trl.grpo_trainer import StepRecord
 from verl_grpo.trainers.worker.batch_layout import batch_layout
-from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.metrics import WorkerLogs
 from verl_grpo.trainers.worker.progress import progress_line
+from verl_grpo.trainers.worker.samples import sampled_step
 from verl_grpo.trainers.worker.spec import WorkerSpec
 from verl_grpo.trainers.worker.termination import Termination
 
@@ -45,20 +45,21 @@ def signal_figures(logs: dict[str, Any]) -> dict[str, float]:
 
 
 class StoreCallback(TrainerCallback):
-    """Per log: a metrics line + a progress line, then the no-signal watch. Per save: hand the checkpoint (with
-    metrics) to the saver."""
+    """Per log: a metrics line (and on sampled steps a samples line) + a progress line, then the no-signal watch.
+    Per save: hand the checkpoint (with both logs) to the saver."""
 
-    def __init__(self, spec: WorkerSpec, *, total_steps: int, metrics: MetricsLog, checkpoints: CheckpointStore,
-                 consumed_prompts: list, termination: Termination, staging_dir: Path):
-        """`consumed_prompts`: the list the trainer appends each step's prompt indices to (moved into the step's
-        metrics line); `staging_dir`: where a checkpoint waits for its upload."""
+    def __init__(self, spec: WorkerSpec, *, total_steps: int, logs: WorkerLogs, checkpoints: CheckpointStore,
+                 step_record: StepRecord, termination: Termination, staging_dir: Path):
+        """`step_record`: what the trainer notes during each step (its prompt indices go into the step's metrics
+        line, its samples into samples.jsonl); `staging_dir`: where a checkpoint waits for its upload."""
         self.run_id = spec.run_id
         self.no_signal = NoSignalWatch.from_config(spec.cfg)
         self.total_steps = total_steps
-        self.metrics = metrics
+        self.logs = logs
+        self.samples_every = spec.cfg.trainer.log_samples_every
         self.checkpoints = checkpoints
         self.keep_last = spec.cfg.storage.keep_last
-        self.consumed_prompts = consumed_prompts
+        self.step_record = step_record
         self.termination = termination
         self.prompts_per_step = batch_layout(spec.cfg).prompts_per_step
         self.last_ref: CheckpointRef | None = None
@@ -85,9 +86,13 @@ class StoreCallback(TrainerCallback):
         record: dict[str, Any] = {"step": state.global_step}
         record.update({k: v for k, v in logs.items() if isinstance(v, (int, float)) or v is None})
         record.update(signal_figures(record))
-        record["prompt_indices"] = list(self.consumed_prompts)
-        self.consumed_prompts.clear()
-        self.metrics.append(record)
+        record["prompt_indices"] = list(self.step_record.prompts)
+        self.step_record.prompts.clear()
+        self.logs.metrics.append(record)
+        if sampled_step(state.global_step, self.samples_every) and self.step_record.samples:
+            self.logs.samples.append({"step": state.global_step,
+                                      "samples": [s.record() for s in self.step_record.samples]})
+        self.step_record.samples.clear()
         say(progress_line(record, self.total_steps))
         if self.no_signal is not None:
             # A record averages logging_steps steps; with stop_on_no_signal this raises TrainingError.
@@ -97,8 +102,7 @@ class StoreCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step
         ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
-        if self.metrics.path.is_file():
-            shutil.copyfile(self.metrics.path, ckpt_dir / METRICS_FILE)
+        self.logs.copy_into(ckpt_dir)
         data_state = {
             "backend": "trl",
             "global_step": step,

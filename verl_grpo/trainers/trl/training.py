@@ -3,11 +3,11 @@
 1. Restores the newest committed checkpoint of the run from the store (if any) and resumes from it:
    model, optimizer, scheduler, RNG and data position, so the run continues with the next unseen prompts.
 2. Trains with TRL's GRPOTrainer on the prepared train split, committing a checkpoint to the store every
-   `save_freq` steps (and at the end), with metrics.jsonl inside it. Uploads run in the background; the
-   final checkpoint is committed before the run reports success. A checkpoint a crashed attempt staged
-   but did not upload (`<workdir>/pending_uploads`) is committed by the next attempt before it resumes.
-3. Saves the final HF model to `runs/{run_id}/model`, metrics to `runs/{run_id}/metrics.jsonl`, and the
-   TrainResult to `<workdir>/result.json` and `runs/{run_id}/train_result.json`.
+   `save_freq` steps (and at the end), with metrics.jsonl and samples.jsonl inside it. Uploads run in the
+   background; the final checkpoint is committed before the run reports success. A checkpoint a crashed attempt
+   staged but did not upload (`<workdir>/pending_uploads`) is committed by the next attempt before it resumes.
+3. Saves the final HF model to `runs/{run_id}/model`, metrics and samples to `runs/{run_id}/metrics.jsonl` and
+   `samples.jsonl`, and the TrainResult to `<workdir>/result.json` and `runs/{run_id}/train_result.json`.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from verl_grpo.checkpoints import BackgroundSaver, CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import DataError
 from verl_grpo.store import Store
-from verl_grpo.store_layout import METRICS_FILE, model_dir, run_metrics, train_result
+from verl_grpo.store_layout import model_dir, train_result
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.exits import RESULT_FILE
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
 from verl_grpo.trainers.run_summary import SummaryNames, summarize
 from verl_grpo.trainers.trl.backend import grpo_args
 from verl_grpo.trainers.trl.callbacks import StoreCallback, say
-from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer
+from verl_grpo.trainers.trl.grpo_trainer import RecordingGRPOTrainer, StepRecord
 from verl_grpo.trainers.trl.tools import tool_functions, with_tool_template
 from verl_grpo.trainers.trl.warm_start import committed_result, summary_of, warm_started_model
 from verl_grpo.trainers.worker.errors import check_workdir
-from verl_grpo.trainers.worker.metrics import MetricsLog
+from verl_grpo.trainers.worker.metrics import WorkerLogs
 from verl_grpo.trainers.worker.spec import WorkerSpec
 from verl_grpo.trainers.worker.termination import Termination
 
@@ -70,15 +70,15 @@ def load_train_dataset(spec: WorkerSpec, store: Store):
 
 
 def restore_for_resume(spec: WorkerSpec, checkpoints: CheckpointStore, output_dir: Path,
-                       metrics: MetricsLog) -> tuple[Path | None, CheckpointRef | None]:
+                       logs: WorkerLogs) -> tuple[Path | None, CheckpointRef | None]:
     """Bring the newest committed checkpoint into output_dir (local leftovers are never trusted)."""
     restored = restore_latest(checkpoints, spec.run_id, LocalCheckpoints(output_dir, CHECKPOINT_PREFIX),
                               keep_undeletable=True)
     if restored is None:
-        metrics.reset()
+        logs.reset()
         return None, None
     ref, local = restored
-    metrics.reset(local / METRICS_FILE, upto_step=ref.step)
+    logs.reset(local, upto_step=ref.step)
     print(f"resuming run {spec.run_id} from checkpoint step {ref.step} ({ref.uri})", flush=True)
     return local, ref
 
@@ -111,14 +111,14 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     check_workdir(spec.workdir)
     store = spec.store
     checkpoints = CheckpointStore.from_config(store, cfg.storage)
-    metrics = MetricsLog(spec.workdir / METRICS_FILE)
+    logs = WorkerLogs(spec.workdir)
     final_dir = spec.workdir / "final_model"
     if final_dir.exists():
         shutil.rmtree(final_dir)
 
     # A checkpoint the previous attempt staged but did not upload is work not to lose.
     BackgroundSaver(checkpoints, staging_dir=spec.workdir / STAGING_DIR).commit_pending(spec.run_id)
-    resume_dir, resumed_ref = restore_for_resume(spec, checkpoints, spec.workdir / "checkpoints", metrics)
+    resume_dir, resumed_ref = restore_for_resume(spec, checkpoints, spec.workdir / "checkpoints", logs)
     final_logs: dict[str, float] = {}
     upload_wait_s = 0.0
     warm = committed_result(spec) if spec.cfg.warm_start.enabled and resume_dir else None
@@ -133,7 +133,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
         if resume_dir is None:  # a resumed run's weights come from its checkpoint
             warm_model, warm_summary = warm_started_model(spec, start_model, termination)
             start_model = warm_model or start_model
-        final_step, last_ref, final_logs, upload_wait_s = _train(spec, termination, checkpoints, metrics, resume_dir,
+        final_step, last_ref, final_logs, upload_wait_s = _train(spec, termination, checkpoints, logs, resume_dir,
                                                                  final_dir, start_model)
         last_ref = last_ref or resumed_ref
 
@@ -141,9 +141,8 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
         retrying = checkpoints.retrying  # the final publish rides out store outages like checkpoints do
         retrying("remove the previous model", lambda: store.rm(model_dir(spec.run_id)))
         model_uri = retrying("upload the final model", lambda: store.put_dir(final_dir, model_dir(spec.run_id)))
-        metrics_uri = retrying("upload metrics",
-                               lambda: store.put_file(metrics.path, run_metrics(spec.run_id)))
-        summary = summarize(metrics.records(), SUMMARY, final_logs)
+        metrics_uri = logs.publish(store, spec.run_id, retrying)
+        summary = summarize(logs.metrics.records(), SUMMARY, final_logs)
         summary["checkpoint_wait_s"] = upload_wait_s
         summary.update(warm_summary)
         result = TrainResult(
@@ -157,7 +156,7 @@ def run(spec: WorkerSpec, termination: Termination) -> TrainResult:
     return result
 
 
-def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointStore, metrics: MetricsLog,
+def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointStore, logs: WorkerLogs,
            resume_dir: Path | None, final_dir: Path,
            start_model: Path | str) -> tuple[int, CheckpointRef | None, dict[str, float], float]:
     """Run GRPOTrainer to total_steps and save the final model into final_dir.
@@ -179,14 +178,15 @@ def _train(spec: WorkerSpec, termination: Termination, checkpoints: CheckpointSt
     total_steps = spec.planned_steps
     args = grpo_args(cfg, spec.workdir / "checkpoints", reward_weights=list(reward_weights), total_steps=total_steps)
     say(precision_line(cfg.trainer.precision, args.use_cpu))
-    consumed: list = []
-    callback = StoreCallback(spec, total_steps=total_steps, metrics=metrics, checkpoints=checkpoints,
-                             consumed_prompts=consumed, termination=termination,
+    step_record = StepRecord()
+    callback = StoreCallback(spec, total_steps=total_steps, logs=logs, checkpoints=checkpoints,
+                             step_record=step_record, termination=termination,
                              staging_dir=spec.workdir / STAGING_DIR)
     trainer = RecordingGRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
                                    train_dataset=train_dataset, processing_class=tokenizer, callbacks=[callback],
                                    tools=tools or None)
-    trainer.consumed_prompts = consumed
+    trainer.step_record = step_record
+    trainer.samples_per_step = cfg.trainer.samples_per_step if cfg.trainer.log_samples_every else 0
     trainer.remove_callback(PrinterCallback)  # our progress line replaces HF's dict dump
     try:
         trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)

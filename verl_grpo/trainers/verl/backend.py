@@ -27,6 +27,7 @@ from verl_grpo.trainers.verl.fully_async import (
     validate_fully_async_overrides,
 )
 from verl_grpo.trainers.verl.overrides import cluster_nodes, run_paths, ships_with_run, uses_fully_async, verl_overrides
+from verl_grpo.trainers.verl.samples import SamplesPlan
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.validation import VerlValidation, validate_verl_overrides
 
@@ -81,6 +82,8 @@ class VerlTrainer:
         quiet_wandb(env)  # verl's wandb logger runs in these processes
         env.update(checkpoint_env(cfg.storage.uri, cfg.storage.endpoint_url, run_id, paths.checkpoint_dir,
                                   cfg.storage.keep_last, checkpoint_mount(cfg, store, run_id, cluster)))
+        if samples := SamplesPlan.of(cfg):
+            env.update(samples.env())
         return TrainSpec(
             backend=self.name,
             run_id=run_id,

@@ -20,9 +20,10 @@ from typing import Any
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef
 from verl_grpo.errors import ConfigError, InfraError, TrainingError
-from verl_grpo.store_layout import CHECKPOINT_MANIFEST, METRICS_FILE, checkpoint_dir, step_dir_name
+from verl_grpo.store_layout import CHECKPOINT_MANIFEST, METRICS_FILE, SAMPLES_FILE, checkpoint_dir, step_dir_name
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.verl.metrics import merged_metrics
+from verl_grpo.trainers.verl.samples import trim_dumps
 from verl_grpo.trainers.verl.settings import STAGING_DIR, StoreSettings
 
 DATALOADER_FILE = "data.pt"
@@ -101,7 +102,7 @@ def prepare_upload(settings: StoreSettings, step_dir: Path, step: int) -> Path:
     """Check, stage and add the metrics so far: the directory that `CheckpointStore.save` uploads."""
     check_complete(step_dir)
     staged = stage(step_dir, settings.checkpoint_dir / STAGING_DIR)
-    write_jsonl_atomic(staged / METRICS_FILE, merged_metrics(settings, upto_step=step))
+    write_step_logs(settings, staged, step)
     return staged
 
 
@@ -146,9 +147,18 @@ def commit_mounted(checkpoints: CheckpointStore, settings: StoreSettings, step: 
 
 
 def write_step_metrics(settings: StoreSettings, step: int) -> Path:
-    """The metrics so far into the local step dir, where the checkpoint sync uploads them with verl's files."""
-    return write_jsonl_atomic(settings.checkpoint_dir / step_dir_name(step) / METRICS_FILE,
-                              merged_metrics(settings, upto_step=step))
+    """The metrics and samples so far into the local step dir, where the checkpoint sync uploads them with verl's
+    files; returns the metrics file."""
+    return write_step_logs(settings, settings.checkpoint_dir / step_dir_name(step), step)
+
+
+def write_step_logs(settings: StoreSettings, step_dir: Path, step: int) -> Path:
+    """metrics.jsonl and samples.jsonl up to step into a checkpoint's dir; then the rollout dumps before this step
+    shrink to what samples.jsonl reads. Returns the metrics file."""
+    metrics = write_jsonl_atomic(step_dir / METRICS_FILE, merged_metrics(settings, upto_step=step))
+    write_jsonl_atomic(step_dir / SAMPLES_FILE, settings.merged_samples(upto_step=step))
+    trim_dumps(settings.rollout_dir, settings.samples, before_step=step)
+    return metrics
 
 
 COMMITTED_LINE = re.compile(r"^checkpoint step (\d+) committed to ")

@@ -15,7 +15,15 @@ from collections.abc import Callable
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import TrainingError
-from verl_grpo.store_layout import METRICS_FILE, model_dir, run_metrics, step_dir_name, train_result
+from verl_grpo.store_layout import (
+    METRICS_FILE,
+    SAMPLES_FILE,
+    model_dir,
+    run_metrics,
+    run_samples,
+    step_dir_name,
+    train_result,
+)
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.exits import run_entry
 from verl_grpo.trainers.run_summary import summarize
@@ -51,6 +59,8 @@ def finalize(settings: StoreSettings, backend: str = "fsdp", train_batch_size: i
     records = merged_metrics(settings)
     local_metrics = write_jsonl_atomic(settings.metrics_dir / METRICS_FILE, records)
     metrics_uri = store.put_file(local_metrics, run_metrics(settings.run_id))
+    if samples := settings.merged_samples():
+        store.put_file(write_jsonl_atomic(settings.metrics_dir / SAMPLES_FILE, samples), run_samples(settings.run_id))
     result = TrainResult(run_id=settings.run_id, final_step=final_step, checkpoint=ref, model_uri=model_uri,
                          metrics_uri=metrics_uri, summary=summarize(records, SUMMARY))
     store.write_text(result.model_dump_json(indent=1), train_result(settings.run_id))

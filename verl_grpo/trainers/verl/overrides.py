@@ -16,6 +16,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
 from verl_grpo.providers.placement import placement
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
+from verl_grpo.trainers.verl.samples import rollout_dir
 
 REWARD_MODULE = "pkg://verl_grpo.rewards"
 """verl loads `pkg://` paths with importlib, so the reward works wherever verl_grpo is installed on the cluster."""
@@ -177,6 +178,8 @@ def verl_overrides(
     ]
     if a.total_epochs is not None:
         out.append(f"trainer.total_epochs={a.total_epochs}")
+    if cfg.trainer.log_samples_every:  # verl dumps every rollout of each step; verl.samples keeps a few
+        out.append(f"trainer.rollout_data_dir={rollout_dir(paths.checkpoint_dir)}")
     out += _strategy_overrides(cfg) + attention_overrides(cfg)
     if "retrieval" in cfg.services.enabled:
         out += tool_overrides(cfg)

@@ -20,12 +20,14 @@ from pathlib import Path
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.errors import DataError
 from verl_grpo.store import Store
-from verl_grpo.store_layout import METRICS_FILE
+from verl_grpo.store_layout import METRICS_FILE, SAMPLES_FILE
 from verl_grpo.trainers import local_checkpoints
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.exits import run_entry
 from verl_grpo.trainers.verl.metrics import read_records
+from verl_grpo.trainers.verl.samples import dump_steps
 from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, write_tracker
+from verl_grpo.trainers.worker.metrics import read_metrics
 
 RESTORED_LINE = re.compile(r"^restored checkpoint step (\d+) of run ")
 """The log line of a restore (`restore_latest`), read back by the rehearsal's report."""
@@ -54,12 +56,17 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
     (local / TRACKER_FILE).unlink(missing_ok=True)
     shutil.rmtree(local / STAGING_DIR, ignore_errors=True)
     restored = local_checkpoints.restore_latest(checkpoints, settings.run_id, settings.local_checkpoints)
+    for step, dump in dump_steps(settings.rollout_dir).items():  # rollouts of steps the restored run has not done
+        if restored is None or step > restored[0].step:
+            dump.unlink()
     if restored is None:
         write_jsonl_atomic(settings.history_path, [])
+        write_jsonl_atomic(settings.samples_history_path, [])
         print(f"no committed checkpoint of run {settings.run_id}; verl starts from scratch", flush=True)
         return None
     ref, step_dir = restored
     write_jsonl_atomic(settings.history_path, read_records(step_dir / METRICS_FILE))
+    write_jsonl_atomic(settings.samples_history_path, read_metrics(step_dir / SAMPLES_FILE))
     write_tracker(local, ref.step)
     print(f"restored checkpoint step {ref.step} of run {settings.run_id} from {ref.uri}", flush=True)
     return ref.step

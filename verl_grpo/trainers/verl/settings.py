@@ -16,6 +16,7 @@ from verl_grpo.store import Store
 from verl_grpo.store_layout import STEP_PREFIX
 from verl_grpo.trainers.atomic_files import write_text_atomic
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints
+from verl_grpo.trainers.verl.samples import SamplesPlan, merged_samples, rollout_dir
 
 ENV_STORE_URI = "VERL_GRPO_STORE_URI"
 ENV_STORE_ENDPOINT = "VERL_GRPO_STORE_ENDPOINT"
@@ -50,6 +51,8 @@ class StoreSettings:
     keep_last: int = 2
     mount: str | None = None
     """Store URI mounted at checkpoint_dir (multi-node runs), or None: checkpoint_dir is this node's own disk."""
+    samples: SamplesPlan | None = None
+    """Which rollouts of verl's dumps the run keeps (trainer.log_samples_every); None keeps none."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StoreSettings":
@@ -65,7 +68,7 @@ class StoreSettings:
             raise ConfigError(f"{ENV_KEEP_LAST}={value!r} is not an integer (storage.keep_last)") from None
         return cls(uri=env[ENV_STORE_URI], endpoint_url=env.get(ENV_STORE_ENDPOINT) or None, run_id=env[ENV_RUN_ID],
                    checkpoint_dir=Path(env[ENV_CHECKPOINT_DIR]), keep_last=max(keep, 1),
-                   mount=env.get(ENV_CHECKPOINT_MOUNT) or None)
+                   mount=env.get(ENV_CHECKPOINT_MOUNT) or None, samples=SamplesPlan.from_env(env))
 
     @property
     def metrics_dir(self) -> Path:
@@ -76,6 +79,20 @@ class StoreSettings:
     def history_path(self) -> Path:
         """Metrics of the steps before this process started (from the restored checkpoint)."""
         return self.metrics_dir / "history.jsonl"
+
+    @property
+    def samples_history_path(self) -> Path:
+        """Samples of the steps before this process started (from the restored checkpoint)."""
+        return self.metrics_dir / "samples-history.jsonl"
+
+    @property
+    def rollout_dir(self) -> Path:
+        """verl's trainer.rollout_data_dir (verl.samples)."""
+        return rollout_dir(self.checkpoint_dir)
+
+    def merged_samples(self, upto_step: int | None = None) -> list[dict]:
+        """The run's samples.jsonl records so far: the restored history, then this process's dumps."""
+        return merged_samples(self.samples_history_path, self.rollout_dir, self.samples, upto_step)
 
     @property
     def verl_metrics_path(self) -> Path:

@@ -1,11 +1,15 @@
-"""A local worker's `metrics.jsonl`: one JSON object per logged step, rewritten from a checkpoint's copy on resume."""
+"""A local worker's step logs, `metrics.jsonl` and `samples.jsonl`: one JSON object per logged step each, travelling
+inside every checkpoint and rewritten from a checkpoint's copy on resume."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_grpo.store_layout import METRICS_FILE, SAMPLES_FILE, run_metrics, run_samples
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 
 
@@ -26,6 +30,31 @@ class MetricsLog:
     def append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class WorkerLogs:
+    """A worker's metrics.jsonl and samples.jsonl (trainer.log_samples_every), side by side in its work dir."""
+
+    def __init__(self, workdir: Path):
+        self.metrics = MetricsLog(Path(workdir) / METRICS_FILE)
+        self.samples = MetricsLog(Path(workdir) / SAMPLES_FILE)
+
+    def reset(self, step_dir: Path | None = None, upto_step: int = 0) -> None:
+        """Start over from a restored checkpoint's copies up to its step, or empty."""
+        for log in (self.metrics, self.samples):
+            log.reset(step_dir / log.path.name if step_dir else None, upto_step)
+
+    def copy_into(self, step_dir: Path) -> None:
+        """Put both logs inside a checkpoint about to be committed."""
+        for log in (self.metrics, self.samples):
+            if log.path.is_file():
+                shutil.copyfile(log.path, Path(step_dir) / log.path.name)
+
+    def publish(self, store: Any, run_id: str, retrying: Callable[[str, Callable[[], str]], str]) -> str:
+        """Upload both beside the run (`runs/<run_id>/`) through the store's retries; returns metrics.jsonl's URI."""
+        if self.samples.path.is_file():
+            retrying("upload samples", lambda: store.put_file(self.samples.path, run_samples(run_id)))
+        return retrying("upload metrics", lambda: store.put_file(self.metrics.path, run_metrics(run_id)))
 
 
 def read_metrics(path: Path | None) -> list[dict[str, Any]]:
