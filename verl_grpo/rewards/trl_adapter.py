@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from verl_grpo.errors import DataError
@@ -89,13 +89,7 @@ class ComponentReward:
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
                  **kwargs: Any) -> list[float]:
-        if completions is None:
-            raise DataError("TRL passed no completions to the reward function")
-        reward_model = kwargs.get("reward_model")
-        if reward_model is None:
-            raise DataError("dataset column 'reward_model' (a dict with ground_truth) is missing; run `prepare` again")
-        truths = [_ground_truth(rm, i) for i, rm in enumerate(reward_model)]
-        texts = [completion_text(c) for c in completions]
+        texts, truths = texts_and_truths(completions, kwargs)
         sources = kwargs.get("data_source") or [self.dataset] * len(texts)
         datasets = [dataset_of(s) for s in sources]
         scores: list[float] = [0.0] * len(texts)
@@ -112,6 +106,17 @@ class ComponentReward:
 
     def __repr__(self) -> str:
         return f"ComponentReward({self.dataset!r}, {self.component!r})"
+
+
+def texts_and_truths(completions: Sequence[Any] | None, kwargs: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
+    """What a TRL reward call scores: each completion's text and its row's ground truth (the `reward_model` column
+    TRL passes as a keyword); a missing piece is one DataError naming it."""
+    if completions is None:
+        raise DataError("TRL passed no completions to the reward function")
+    reward_model = kwargs.get("reward_model")
+    if reward_model is None:
+        raise DataError("dataset column 'reward_model' (a dict with ground_truth) is missing; run `prepare` again")
+    return [completion_text(c) for c in completions], [_ground_truth(rm, i) for i, rm in enumerate(reward_model)]
 
 
 def _ground_truth(reward_model: Any, row: int) -> Any:

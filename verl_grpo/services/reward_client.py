@@ -21,9 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from verl_grpo.config.env import env_setting, non_negative_int, positive_float
-from verl_grpo.errors import DataError
 from verl_grpo.rewards.scoring import WEIGHTS, dataset_of
-from verl_grpo.rewards.trl_adapter import completion_text
+from verl_grpo.rewards.trl_adapter import texts_and_truths
 from verl_grpo.services.client import AsyncServiceClient, ServiceClient, service_url
 
 TIMEOUT_ENV = "VERL_GRPO_REWARD_TIMEOUT_S"
@@ -133,14 +132,7 @@ class RemoteComponentReward:
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
                  **kwargs: Any) -> list[float]:
-        if completions is None:
-            raise DataError("TRL passed no completions to the reward function")
-        reward_model = kwargs.get("reward_model")
-        if reward_model is None:
-            raise DataError("dataset column 'reward_model' (a dict with ground_truth) is missing; run `prepare` again")
-        truths = [rm["ground_truth"] if isinstance(rm, dict) and "ground_truth" in rm else _bad_truth(i, rm)
-                  for i, rm in enumerate(reward_model)]
-        texts = [completion_text(c) for c in completions]
+        texts, truths = texts_and_truths(completions, kwargs)
         return [float(r[self.component]) for r in self.scores.results(self.dataset, texts, truths)]
 
     def __getstate__(self) -> dict[str, Any]:  # TRL may deep-copy reward functions; the HTTP client is not copied
@@ -151,10 +143,6 @@ class RemoteComponentReward:
 
     def __repr__(self) -> str:
         return f"RemoteComponentReward({self.dataset!r}, {self.component!r})"
-
-
-def _bad_truth(row: int, reward_model: Any) -> Any:
-    raise DataError(f"row {row}: reward_model must be a dict with a 'ground_truth' key, got {reward_model!r:.80}")
 
 
 def _default_client() -> ServiceClient:
