@@ -4,6 +4,7 @@ reach the store, and the flat rows the MLflow table and the Prefect artifact sho
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,28 @@ def test_verl_launch_dumps_rollouts_beside_the_checkpoints_and_tells_the_nodes_w
     assert str(settings.rollout_dir) == "/w/ckpt/r1-rollouts"  # beside, never inside, what a checkpoint sync uploads
     assert SamplesPlan.of(load_config(overrides=["trainer.log_samples_every=0"], env={})) is None
     assert StoreSettings.from_env(checkpoint_env("file:///s", None, "r1", "/w/c", 2)).samples is None
+
+
+def test_the_stand_in_writes_rollout_dumps_as_verls_own_writer_does(tmp_path):
+    """The CPU stand-in's `write_generations` against `RayPPOTrainer._write_generations` in verl's source, read
+    with ast (importing verl's ray_trainer costs ~40 s): the same file name and the same fields in the same order."""
+    import ast
+    import importlib.util
+
+    from verl_grpo.rehearsal.standin_trainer import write_generations
+    from verl_grpo.trainers.verl.samples import DUMP_FIELDS, dump_steps
+
+    source = Path(importlib.util.find_spec("verl").origin).parent / "trainer" / "ppo" / "ray_trainer.py"
+    tree = ast.parse(source.read_text())
+    writer = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_write_generations")
+    base = next(n.value for n in ast.walk(writer) if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", None) == "base_data")
+    verl_fields = [k.value for k in base.keys]
+    filename = next(ast.unparse(n) for n in ast.walk(writer) if isinstance(n, ast.JoinedStr))
+    assert filename == "f'{global_steps}.jsonl'" and [a.arg for a in writer.args.args] == [
+        "inputs", "outputs", "gts", "scores", "reward_extra_infos_dict", "dump_path", "global_steps"]
+
+    write_generations(["q"], ["a"], ["5"], [0.5], {"correctness": [1.0], "acc": [1.0]}, str(tmp_path), 7)
+    line = json.loads((tmp_path / "7.jsonl").read_text())
+    assert list(line)[: len(verl_fields)] == verl_fields and set(verl_fields) <= DUMP_FIELDS
+    assert line["correctness"] == 1.0 and list(dump_steps(tmp_path)) == [7]

@@ -9,6 +9,7 @@ loggers are verl's `Tracking`.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -67,6 +68,21 @@ def hold_for_preemption(step: int) -> None:
           flush=True)
     time.sleep(PREEMPT_HOLD_S)
     print(f"rehearsal: no preemption came within {PREEMPT_HOLD_S:.0f} s of step {step}; going on", flush=True)
+
+
+def write_generations(inputs: list[str], outputs: list[str], gts: list[Any], scores: list[float],
+                      reward_extra_infos_dict: dict[str, list], dump_path: str, global_steps: int) -> None:
+    """`RayPPOTrainer._write_generations` of verl 0.9.1, line for line (importing verl's ray_trainer costs a node
+    process ~40 s of CPU here; tests/unit/test_samples.py checks these fields against verl's source)."""
+    os.makedirs(dump_path, exist_ok=True)
+    n = len(inputs)
+    base_data = {"input": inputs, "output": outputs, "gts": gts, "score": scores, "step": [global_steps] * n}
+    for k, v in reward_extra_infos_dict.items():
+        if len(v) == n:
+            base_data[k] = v
+    with open(os.path.join(dump_path, f"{global_steps}.jsonl"), "w") as f:
+        for i in range(n):
+            f.write(json.dumps({k: v[i] for k, v in base_data.items()}, ensure_ascii=False, default=str) + "\n")
 
 
 class StandinTrainer:
@@ -169,19 +185,15 @@ class StandinTrainer:
 
     def _dump_generations(self, batch: dict[str, Any], n: int, rollout: dict[str, torch.Tensor], texts: list[str],
                           scored: list[tuple[float, dict[str, Any]]], dump_path: str) -> None:
-        """verl's `_log_rollout_data` → `_write_generations` (its own writer, called synchronously here): decoded
-        prompts and responses, ground truths, scores, and every key of the score dicts as NaiveRewardManager
-        collects them into reward_extra_info."""
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
+        """verl's `_log_rollout_data`: decoded prompts and responses, ground truths, scores, and every key of the
+        score dicts as NaiveRewardManager collects them into reward_extra_info."""
         inputs = self.data.tokenizer.batch_decode(rollout["prompts"], skip_special_tokens=True)
         gts = [batch["reward_model"][i // n]["ground_truth"] for i in range(len(texts))]
         extra: dict[str, list] = {}
         for _, info in scored:
             for key, value in info.items():
                 extra.setdefault(key, []).append(value)
-        RayPPOTrainer._write_generations(inputs, texts, gts, [score for score, _ in scored], extra, dump_path,
-                                         self.global_steps)
+        write_generations(inputs, texts, gts, [score for score, _ in scored], extra, dump_path, self.global_steps)
 
     # ---- verl v1 PPOTrainer._save_checkpoint / _load_checkpoint --------------------------------------------
 
