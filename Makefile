@@ -10,7 +10,7 @@ XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgro
 # Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute smoke CI runs).
 RUN_ARGS ?=
 
-.PHONY: install run lint test test-fast bench lock clean serve stop
+.PHONY: install run lint browser test test-fast bench lock clean serve stop
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,7 +33,14 @@ run: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: lint
+# The browser test (tests/browser.py: `make serve`'s UIs rendered as a person sees them) drives Debian's headless
+# Chromium, installed here when missing (needs root or sudo, as apt-get does).
+browser:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the browser test"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null; }
+
+test: lint browser
 	$(VENV)/bin/pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 test-fast: lint

@@ -38,8 +38,8 @@ class PairedComparison:
     def delta(self) -> float:
         return self.mean_a - self.mean_b
 
-    def as_metrics(self, prefix: str = "promotion/") -> dict[str, float]:
-        """Flat numeric view for MLflow metrics."""
+    def as_metrics(self, prefix: str = "promotion.") -> dict[str, float]:
+        """Flat numeric view for MLflow metrics (single values: `promotion.mcnemar_p`, ...)."""
         fields = {
             "n": self.n, "challenger_only": self.a_only, "champion_only": self.b_only, "both": self.both,
             "neither": self.neither, "delta": self.delta, "mcnemar_p": self.mcnemar_p,

@@ -58,8 +58,8 @@ def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness,
     # MLflow: the run has the eval metric and per-step training metrics.
     client = MlflowClient(tracking_uri=cfg.tracking.mlflow_uri)
     mlflow_run = client.get_run(summary["mlflow_run_id"])
-    assert "eval/accuracy" in mlflow_run.data.metrics
-    assert mlflow_run.data.metrics["eval/accuracy"] == pytest.approx(summary["accuracy"])
+    assert "eval.accuracy" in mlflow_run.data.metrics
+    assert mlflow_run.data.metrics["eval.accuracy"] == pytest.approx(summary["accuracy"])
     assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "train/reward")] == [1, 2, 3, 4]
     assert mlflow_run.data.params["algorithm.rollouts"] == "2"
     # ... and spans the training: it started when the train step did, after the run was created.
@@ -76,8 +76,8 @@ def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness,
     assert all(m["warm_start"] is not None and m["grpo_p_value"] is not None
                for m in (by_metric["mean_score"], by_metric["accuracy"]))
     for name in ("accuracy", "mean_score"):
-        assert mlflow_run.data.metrics[f"warm_start/{name}"] == pytest.approx(by_metric[name]["warm_start"])
-        assert mlflow_run.data.metrics[f"pvalue/trained_vs_warm_start/{name}"] == pytest.approx(
+        assert mlflow_run.data.metrics[f"warm_start.{name}"] == pytest.approx(by_metric[name]["warm_start"])
+        assert mlflow_run.data.metrics[f"pvalue.trained_vs_warm_start.{name}"] == pytest.approx(
             by_metric[name]["grpo_p_value"])
     assert summary["grpo"] in summary["decision"]  # the registry's decision says it too
     # The eval side by side, as a table MLflow's UI renders: each model's real response per problem.

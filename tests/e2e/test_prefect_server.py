@@ -9,12 +9,14 @@ import re
 import time
 from pathlib import Path
 
+import browser
 import httpx
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 from prefect_serving import REPO, pid_alive, served_prefect
 
@@ -108,6 +110,35 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     got = httpx.get(f"{ui}/api/2.0/mlflow/runs/get", params={"run_id": mlflow_run_id}, timeout=30)
     assert got.status_code == 200 and got.json()["run"]["info"]["run_id"] == mlflow_run_id
     assert f"/experiments/{got.json()['run']['info']['experiment_id']}/runs/" in mlflow_url
+    _the_browser_shows_the_night(PREFECT_API_URL.value().removesuffix("/api"), by_key, samples,
+                                 f"{ui}/#/experiments/{got.json()['run']['info']['experiment_id']}/runs/{mlflow_run_id}",
+                                 got.json()["run"]["data"])
+
+
+def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples: list[dict], mlflow_run: str,
+                                 run_data: dict) -> None:
+    """What a person opening `make serve`'s two UIs in a browser sees of the run (headless Chromium, the rendered
+    DOM): the flow run's artifacts and the MLflow run's tables filled, and the training curves leading."""
+    [drawn] = browser.tables(browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['training-samples'].id}"))
+    assert {"step", "prompt", "response", "reward", "advantage"} <= set(drawn.headers), drawn.headers
+    assert drawn.column("step") == [str(r["step"]) for r in samples]
+    assert all(drawn.column("prompt")) and all(drawn.column("response"))
+    [drawn] = browser.tables(browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['eval-results'].id}"))
+    assert "accuracy" in drawn.column("metric")
+    summary = browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['run-summary-gsm8k'].id}")
+    assert "Decision:" in summary and "McNemar p=" in summary
+
+    [drawn] = browser.tables(browser.rendered_dom(f"{mlflow_run}/artifacts/train/samples.json"))
+    assert sorted({int(s) for s in drawn.column("step")}) == [1, 2, 3, 4]  # every sampled step, not just the last
+    assert all(drawn.column("prompt")) and all(drawn.column("response"))
+    [drawn] = browser.tables(browser.rendered_dom(f"{mlflow_run}/artifacts/eval/test-side_by_side.json"))
+    assert {"base_response", "trained_response", "base_correct", "trained_correct"} <= set(drawn.headers)
+    assert drawn.rows and all(drawn.column("prompt"))
+    # The Model metrics tab opens on the training curves; the single values (eval, p-values) follow as bars.
+    sections = browser.chart_sections(browser.rendered_dom(f"{mlflow_run}/model-metrics"))
+    assert sections[0][0] == "train" and all(name.startswith("train") for name, _ in sections[:-1]), sections
+    single_values = [m["key"] for m in run_data["metrics"] if "/" not in m["key"]]
+    assert sections[-1] == ("Model metrics", len(single_values)) and "eval.accuracy" in single_values, sections
 
 
 def test_cancelling_a_flow_run_stops_the_trainer(served, tiny_overrides):

@@ -50,8 +50,13 @@ def test_first_model_is_logged_registered_and_loads_back(env, tiny_model_dir, tm
     assert run.data.params["algorithm.rollouts"] == "4" and run.data.params["eval.limit"] == "50"
     assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1.0, 0.5, 1.0 / 3]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/reward/mean")] == [1, 2, 3]
-    assert run.data.metrics["eval/accuracy"] == 0.25 and run.data.metrics["delta/accuracy"] == 0.25
-    assert run.data.metrics["eval/pass_at_4"] == 0.25 and "delta/n" not in run.data.metrics
+    assert run.data.metrics["eval.accuracy"] == 0.25 and run.data.metrics["delta.accuracy"] == 0.25
+    assert run.data.metrics["eval.pass_at_4"] == 0.25 and "delta.n" not in run.data.metrics
+    # The run page's chart sections come from the part before a name's last slash: only the training curves have
+    # one, so they lead and the single values (one bar each) follow in the unprefixed "Model metrics" section.
+    assert {k for k in run.data.metrics if "/" in k} == {
+        k for k in run.data.metrics if k.startswith("train/")} and "train/loss" in run.data.metrics
+    assert {len(client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics if "/" not in k} == {1}
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
         a.path for d in ("eval", "data") for a in client.list_artifacts(run.info.run_id, d)}
     assert {"config.yaml", "data/manifest.json", "eval/test.parquet", "eval/base-test.parquet",
@@ -116,7 +121,7 @@ def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_mod
     assert [versions[v].description for v in versions] == [decisions[n].decision
                                                            for n in ("strong", "marginal", "worse")]
     v2_run = client.get_run(versions["2"].run_id).data.metrics  # the comparison's numbers are on the run
-    assert v2_run["promotion/challenger_only"] == 20 and v2_run["promotion/mcnemar_p"] < 1e-5
+    assert v2_run["promotion.challenger_only"] == 20 and v2_run["promotion.mcnemar_p"] < 1e-5
     rows = list_models(cfg)
     assert [(r["version"], r["aliases"], r["accuracy"], r["steps"]) for r in rows] == [
         (4, ["challenger"], 0.125, 3), (3, [], 0.8, 3), (2, ["champion"], 0.75, 3), (1, [], 0.25, 3)]
@@ -226,7 +231,7 @@ def test_run_spans_the_training_and_shows_dataset_source_and_model(env, tiny_mod
     [output] = run.outputs.model_outputs
     model = client.get_logged_model(output.model_id)
     assert (model.source_run_id, model.status, output.step) == (run.info.run_id, LoggedModelStatus.READY, 3)
-    assert {m.key: m.value for m in model.metrics}["eval/accuracy"] == 0.25  # its row in the Models tab
+    assert {m.key: m.value for m in model.metrics}["eval.accuracy"] == 0.25  # its row in the Models tab
     [listed] = json.loads(model.tags["mlflow.modelVersions"])  # the logged model's page lists its registered version
     assert (listed["name"], str(listed["version"])) == ("verl-grpo-gsm8k", "1")
     assert client.get_model_version("verl-grpo-gsm8k", "1").source == model.artifact_location
@@ -328,8 +333,8 @@ def test_actual_cloud_cost_is_on_the_run_and_in_the_returned_version(env, tiny_m
                        cloud_cost=cost)
 
     run = MlflowClient(cfg.tracking.mlflow_uri).get_run(version.mlflow_run_id)
-    assert run.data.metrics["cloud/node_hours"] == 4.5 and run.data.metrics["cloud/cost_usd"] == 65.0
-    assert run.data.metrics["cloud/recoveries"] == 1 and run.data.metrics["cloud/jobs"] == 2
+    assert run.data.metrics["cloud.node_hours"] == 4.5 and run.data.metrics["cloud.cost_usd"] == 65.0
+    assert run.data.metrics["cloud.recoveries"] == 1 and run.data.metrics["cloud.jobs"] == 2
     assert run.data.params["cloud.pricing"] == "spot" and run.data.params["cloud.priced_at"] == "spot runpod/US"
     assert version.cloud_cost == cost
 
@@ -345,11 +350,11 @@ def test_a_warm_start_eval_sits_beside_base_and_trained_and_the_decision_says_wh
 
     client = MlflowClient(cfg.tracking.mlflow_uri)
     metrics = client.get_run(version.mlflow_run_id).data.metrics
-    assert (metrics["base/accuracy"], metrics["warm_start/accuracy"], metrics["eval/accuracy"]) == (0.0, 0.1, 0.4)
-    assert metrics["delta_grpo/accuracy"] == pytest.approx(0.3)
-    assert metrics["pvalue/trained_vs_warm_start/accuracy"] == pytest.approx(2 * 0.5 ** 12)  # 12 discordant, all won
-    assert metrics["pvalue/warm_start_vs_base/accuracy"] == pytest.approx(0.125)  # 4 discordant
-    assert metrics["pvalue/trained_vs_base/accuracy"] == pytest.approx(2 * 0.5 ** 16)
+    assert (metrics["base.accuracy"], metrics["warm_start.accuracy"], metrics["eval.accuracy"]) == (0.0, 0.1, 0.4)
+    assert metrics["delta_grpo.accuracy"] == pytest.approx(0.3)
+    assert metrics["pvalue.trained_vs_warm_start.accuracy"] == pytest.approx(2 * 0.5 ** 12)  # 12 discordant, all won
+    assert metrics["pvalue.warm_start_vs_base.accuracy"] == pytest.approx(0.125)  # 4 discordant
+    assert metrics["pvalue.trained_vs_base.accuracy"] == pytest.approx(2 * 0.5 ** 16)
     artifacts = {a.path for a in client.list_artifacts(version.mlflow_run_id, "eval")}
     assert {"eval/test.parquet", "eval/base-test.parquet", "eval/warm_start-test.parquet",
             "eval/warm_start-test.json"} <= artifacts
@@ -359,6 +364,6 @@ def test_a_warm_start_eval_sits_beside_base_and_trained_and_the_decision_says_wh
     # A run without a warm start logs none of it.
     plain = register(cfg, store, dataset, *make_run(store, tiny_model_dir, "run-b", correct_first(16)))
     plain_metrics = client.get_run(plain.mlflow_run_id).data.metrics
-    assert "pvalue/trained_vs_base/accuracy" in plain_metrics
-    assert not any(k.startswith(("warm_start/", "delta_grpo/", "pvalue/trained_vs_warm")) for k in plain_metrics)
+    assert "pvalue.trained_vs_base.accuracy" in plain_metrics
+    assert not any(k.startswith(("warm_start.", "delta_grpo.", "pvalue.trained_vs_warm")) for k in plain_metrics)
     assert "GRPO added" not in plain.decision

@@ -28,7 +28,7 @@ def test_offline_mirror_logs_curves(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_ERROR_REPORTING", raising=False)
     cfg = load_config(["gsm8k"], env={})
     lines = [json.dumps({"step": s, "reward": 0.1 * s, "kl": 0.0}) for s in (1, 2, 3)]
-    [result] = send_all(RunMetrics(cfg, "run-w", lines, {"eval/accuracy": 0.25}))
+    [result] = send_all(RunMetrics(cfg, "run-w", lines, {"eval.accuracy": 0.25}))
     assert result.ok and result.where, result
     assert all(os.environ.get(k) == v for k, v in QUIET_ENV.items())  # set before wandb was imported
     files = [p for p in tmp_path.rglob("*") if p.is_file()]

@@ -3,7 +3,7 @@ import pytest
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
 from verl_grpo.registry.secrets import assert_no_secrets, is_secret_key
-from verl_grpo.registry.tracking import metric_name
+from verl_grpo.registry.tracking import metric_name, single_values, value_name
 
 
 @pytest.mark.parametrize("key", ["hf_token", "x.wandb_api_key", "aws_secret_access_key", "password", "key",
@@ -38,6 +38,14 @@ def test_metric_names_are_made_valid_for_mlflow():
     assert metric_name("eval/pass@4") == "eval/pass_at_4"
     assert metric_name("reward/strict_format") == "reward/strict_format"
     assert metric_name("a(b)") == "a_b_"
+
+
+def test_single_values_are_named_without_a_slash_and_old_names_still_read():
+    assert value_name("eval", "reward/correctness") == "eval.reward.correctness"
+    assert value_name("pvalue", "trained_vs_base", "accuracy") == "pvalue.trained_vs_base.accuracy"
+    old = {"eval/accuracy": 0.5, "promotion/mcnemar_p": 0.01, "train/final_step": 3.0, "train/loss": 0.2}
+    assert single_values(old) == {**old, "eval.accuracy": 0.5, "promotion.mcnemar_p": 0.01, "train.final_step": 3.0}
+    assert single_values({"eval.accuracy": 0.7, "eval/accuracy": 0.5})["eval.accuracy"] == 0.7  # the new name wins
 
 
 def test_pointers_to_secrets_are_not_secrets():

@@ -25,7 +25,7 @@ def test_compare_paired_counts_each_cell():
     assert cmp.mean_a == pytest.approx(4 / 6) and cmp.delta == pytest.approx(1 / 6)
     assert cmp.mcnemar_p == pytest.approx(1.0)
     metrics = cmp.as_metrics()
-    assert metrics["promotion/challenger_only"] == 2 and metrics["promotion/champion_only"] == 1
+    assert metrics["promotion.challenger_only"] == 2 and metrics["promotion.champion_only"] == 1
 
 
 def test_clearly_better_model_is_significant_and_equal_models_are_not():

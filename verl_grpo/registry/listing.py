@@ -13,14 +13,14 @@ from verl_grpo.config import RunConfig
 from verl_grpo.models import model_short_name
 from verl_grpo.registry.lines import BASE_MODEL_TAG, COMPARABILITY_TAG
 from verl_grpo.registry.register import DECISION_TAG, FINAL_STEP_METRIC, SETTINGS_TAG
-from verl_grpo.registry.tracking import RUN_ID_TAG, client_for, infra_errors
+from verl_grpo.registry.tracking import RUN_ID_TAG, client_for, infra_errors, single_values
 
-EVAL_PREFIX = "eval/"
+EVAL_PREFIX = "eval."
 
 
 def list_models(cfg_or_uri: RunConfig | str, name: str | None = None) -> list[dict[str, Any]]:
     """Versions of a registered model, newest first: version, aliases, base model, accuracy, delta vs base, steps,
-    ..., and `eval`: every eval metric of the version's run (`eval/<m>` → `<m>`).
+    ..., and `eval`: every eval metric of the version's run (`eval.<m>` → `<m>`).
 
     `cfg_or_uri` is a RunConfig (its tracking URI and registered model name) or a tracking URI (then `name`
     is required).
@@ -54,16 +54,16 @@ def _rows(client: MlflowClient, name: str) -> list[dict[str, Any]]:
         rows.append({
             "version": int(v.version),
             "aliases": sorted(aliases.get(str(v.version), [])),
-            "accuracy": metrics.get("eval/accuracy"),
-            "base_accuracy": metrics.get("base/accuracy"),
-            "delta_accuracy": metrics.get("delta/accuracy"),
+            "accuracy": metrics.get("eval.accuracy"),
+            "base_accuracy": metrics.get("base.accuracy"),
+            "delta_accuracy": metrics.get("delta.accuracy"),
             "steps": None if steps is None else int(steps),
             "base_model": model_short_name(tags[BASE_MODEL_TAG]) if tags.get(BASE_MODEL_TAG) else "",
             "comparability": tags.get(COMPARABILITY_TAG, ""),
             "dataset_hash": tags.get("dataset.hash", ""),
             "run_id": tags.get(RUN_ID_TAG, ""),
             "decision": tags.get(DECISION_TAG, ""),
-            "p_value": metrics.get("promotion/mcnemar_p"),
+            "p_value": metrics.get("promotion.mcnemar_p"),
             "settings_key": tags.get(SETTINGS_TAG, ""),
             "created": datetime.fromtimestamp(v.creation_timestamp / 1000, UTC).isoformat(timespec="seconds"),
             "mlflow_run_id": v.run_id,
@@ -78,7 +78,7 @@ def _run_metrics(client: MlflowClient, mlflow_run_id: str | None) -> dict[str, f
     if not mlflow_run_id:
         return {}
     try:
-        return client.get_run(mlflow_run_id).data.metrics
+        return single_values(client.get_run(mlflow_run_id).data.metrics)
     except MlflowException as e:
         if e.error_code == "RESOURCE_DOES_NOT_EXIST":
             return {}

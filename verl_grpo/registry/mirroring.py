@@ -18,7 +18,7 @@ from verl_grpo.store_layout import run_config, run_metrics, train_result
 
 MIRROR_TAG = "mirror.{name}"
 """MLflow run tag: `ok` or `failed: <reason>`, the latest send to that mirror."""
-SUMMARY_PREFIXES = ("eval/", "base/", "delta/")
+SUMMARY_PREFIXES = ("eval.", "base.", "delta.")
 
 
 def mirror_registered(client: MlflowClient, mlflow_run_id: str, run: mirrors.RunMetrics,
@@ -49,7 +49,8 @@ def mirror_run(cfg: RunConfig, run_id: str, only: Sequence[str] = ()) -> list[Mi
         mlflow_run = _registered_run(client, cfg, run_id)
         run_cfg = _stored_config(store, run_id) or cfg
         lines = tracking.read_lines(store, _metrics_uri(store, run_id)) or []
-        summary = {k: v for k, v in mlflow_run.data.metrics.items() if k.startswith(SUMMARY_PREFIXES)}
+        summary = {k: v for k, v in tracking.single_values(mlflow_run.data.metrics).items()
+                   if k.startswith(SUMMARY_PREFIXES)}
         return mirror_registered(client, mlflow_run.info.run_id, mirrors.RunMetrics(run_cfg, run_id, lines, summary),
                                  to, warn=False)
 

@@ -30,7 +30,7 @@ class Decision:
         return self.code in (FIRST, PROMOTED)
 
     def metrics(self) -> dict[str, float]:
-        """The comparison's numbers (`promotion/mcnemar_p`, ...) for the challenger's run; none without one."""
+        """The comparison's numbers (`promotion.mcnemar_p`, ...) for the challenger's run; none without one."""
         return self.comparison.as_metrics() if self.comparison is not None else {}
 
 

@@ -56,7 +56,7 @@ TRAIN_SAMPLES_ARTIFACT = "train/samples.json"
 """The run's training samples (samples.jsonl, every sampled step) as a table MLflow's UI renders."""
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
 DECISION_TAG = "promotion.decision"
-FINAL_STEP_METRIC = "train/final_step"
+FINAL_STEP_METRIC = tracking.value_name("train", "final_step")
 VERSION_TAGS = (tracking.RUN_ID_TAG, MODEL_URI_TAG, "dataset.hash", BASE_MODEL_TAG, "config.digest",
                 COMPARABILITY_TAG, SETTINGS_TAG)
 """Run tags a registered version repeats (plus `promotion.decision`): its lineage, its line (which champion it may
@@ -77,9 +77,9 @@ def register_run(outcome: Outcome, *, tags: Mapping[str, str], champion_report: 
     when it beats the champion of its line on the same problems and settings with McNemar p <
     `tracking.promotion_p_value`. `champion_report` is the champion re-evaluated with this run's settings, for when
     the champion's own eval used other settings.
-    `cloud_cost` (the run's actual cloud cost, SkyPilot provider) goes on the run as `cloud/*` metrics and
-    `cloud.*` params. The run's warm-start report (when it had one) goes beside base and trained (`warm_start/*`,
-    paired p-values under `pvalue/*`), and the decision says what GRPO added over it.
+    `cloud_cost` (the run's actual cloud cost, SkyPilot provider) goes on the run as `cloud.*` metrics and
+    `cloud.*` params. The run's warm-start report (when it had one) goes beside base and trained (`warm_start.*`,
+    paired p-values under `pvalue.*`), and the decision says what GRPO added over it.
     """
     assert_no_secrets(tags, "register_run tags")
     if outcome.evals is None:
@@ -155,10 +155,10 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
 
 
 def cloud_cost_metrics(cost: RunCost) -> dict[str, float]:
-    """`cloud/node_hours`, `cloud/run_hours`, `cloud/recoveries`, `cloud/jobs` and `cloud/cost_usd` (when priced)."""
-    metrics = {"cloud/node_hours": cost.node_hours, "cloud/run_hours": cost.run_hours,
-               "cloud/recoveries": float(cost.recoveries), "cloud/jobs": float(cost.jobs)}
-    return metrics | ({"cloud/cost_usd": cost.cost_usd} if cost.cost_usd is not None else {})
+    """`cloud.node_hours`, `cloud.run_hours`, `cloud.recoveries`, `cloud.jobs` and `cloud.cost_usd` (when priced)."""
+    metrics = {"node_hours": cost.node_hours, "run_hours": cost.run_hours, "recoveries": float(cost.recoveries),
+               "jobs": float(cost.jobs)} | ({"cost_usd": cost.cost_usd} if cost.cost_usd is not None else {})
+    return {tracking.value_name("cloud", k): v for k, v in metrics.items()}
 
 
 def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:
@@ -173,26 +173,28 @@ def champion_needs_reeval(cfg: RunConfig, report: EvalReport) -> bool:
 
 def eval_summary(report: EvalReport, base_report: EvalReport | None,
                  warm_start_report: EvalReport | None = None) -> dict[str, float]:
-    """`eval/<m>`, with a base report `base/<m>` and `delta/<m>` (eval minus base) for shared metrics, and with a
-    warm-start report `warm_start/<m>` and `delta_grpo/<m>` (eval minus warm start: what GRPO added)."""
-    out = {f"eval/{k}": v for k, v in report.metrics.items()}
+    """`eval.<m>`, with a base report `base.<m>` and `delta.<m>` (eval minus base) for shared metrics, and with a
+    warm-start report `warm_start.<m>` and `delta_grpo.<m>` (eval minus warm start: what GRPO added); single values,
+    named by `tracking.value_name`."""
+    name = tracking.value_name
+    out = {name("eval", k): v for k, v in report.metrics.items()}
     for prefix, delta, earlier in (("base", "delta", base_report), ("warm_start", "delta_grpo", warm_start_report)):
         if earlier is not None:
-            out.update({f"{prefix}/{k}": v for k, v in earlier.metrics.items()})
-            out.update({f"{delta}/{k}": v - earlier.metrics[k] for k, v in report.metrics.items()
+            out.update({name(prefix, k): v for k, v in earlier.metrics.items()})
+            out.update({name(delta, k): v - earlier.metrics[k] for k, v in report.metrics.items()
                         if k in earlier.metrics and k != "n"})
     return out
 
 
 def p_value_metrics(changes: list[MetricChange]) -> dict[str, float]:
-    """The paired tests' p-values: `pvalue/trained_vs_base/<m>`, and for a run with a warm start
-    `pvalue/warm_start_vs_base/<m>` and `pvalue/trained_vs_warm_start/<m>` (GRPO's own effect)."""
+    """The paired tests' p-values: `pvalue.trained_vs_base.<m>`, and for a run with a warm start
+    `pvalue.warm_start_vs_base.<m>` and `pvalue.trained_vs_warm_start.<m>` (GRPO's own effect)."""
     out = {}
     for c in changes:
         for name, p in (("trained_vs_base", c.p_value), ("warm_start_vs_base", c.warm_start_p_value),
                         ("trained_vs_warm_start", c.grpo_p_value)):
             if p is not None:
-                out[f"pvalue/{name}/{c.metric}"] = p
+                out[tracking.value_name("pvalue", name, c.metric)] = p
     return out
 
 

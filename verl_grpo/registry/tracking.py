@@ -71,6 +71,30 @@ def metric_name(name: str) -> str:
     return _INVALID_NAME_CHARS.sub("_", name.replace("@", "_at_"))
 
 
+def value_name(*parts: str) -> str:
+    """The MLflow name of a single value (an eval result, a p-value, a cost): its parts joined by dots, no slash.
+
+    MLflow's run page groups its charts into sections by what precedes a name's last `/`, lists those sections
+    alphabetically, and puts the names without a slash last, in its "Model metrics" section; a metric logged once
+    is drawn as one bar. So the training curves (`train/...`) lead the page, the single values follow them, and the
+    runs table offers each value as a column. `value_name("eval", "reward/correctness")` → `eval.reward.correctness`.
+    """
+    return ".".join(part.replace("/", ".") for part in parts)
+
+
+_SLASHED_VALUES = re.compile(r"^(eval|base|delta|delta_grpo|warm_start|pvalue|promotion|cloud)/|^train/final_step$")
+
+
+def single_values(metrics: Mapping[str, float]) -> dict[str, float]:
+    """A run's metrics with the single values of runs registered before they were named by `value_name`
+    (`eval/accuracy`, `promotion/mcnemar_p`, ...) under their current names, so old and new versions compare."""
+    out = dict(metrics)
+    for key, value in metrics.items():
+        if _SLASHED_VALUES.match(key):
+            out.setdefault(key.replace("/", "."), value)
+    return out
+
+
 def artifact_location(tracking_uri: str, experiment: str) -> str | None:
     """Artifact root of a new experiment: beside a SQLite DB (never MLflow's cwd-relative ./mlruns); None lets a
     server choose its own (proxied) root."""
