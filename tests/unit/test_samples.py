@@ -16,6 +16,7 @@ from verl_grpo.trainers.worker.samples import (
     RESPONSE_CHARS,
     Sample,
     first_groups,
+    group_advantages,
     latest_rows,
     sample_rows,
     sampled_step,
@@ -39,6 +40,17 @@ def test_the_knobs_are_validated_in_one_line():
     assert (cfg.trainer.log_samples_every, cfg.trainer.samples_per_step) == (5, 8)
     with pytest.raises(ConfigError, match="trainer.samples_per_step"):
         load_config(overrides=["trainer.samples_per_step=0"], env={})
+
+
+@pytest.mark.parametrize("rewards", [[1.0, 0.0, 0.5, 0.5], [0.2, 0.2], [0.7], [0.0, 1.0, 1.0, 1.0, 0.25]])
+def test_the_shown_advantages_are_the_ones_the_loop_trains_with(rewards):
+    import torch
+
+    from verl_grpo.trainers.loop.objective import group_advantages as trained
+
+    shown = group_advantages(rewards)
+    assert shown == pytest.approx(trained(torch.tensor([rewards], dtype=torch.float64))[0].tolist())
+    assert (sum(shown) == pytest.approx(0.0)) and (len(set(rewards)) > 1 or shown == [0.0] * len(rewards))
 
 
 def test_whole_groups_come_first_and_the_last_is_cut_to_fit():

@@ -34,7 +34,7 @@ from verl_grpo.store_layout import STEP_PREFIX
 from verl_grpo.trainers.atomic_files import write_json_atomic
 from verl_grpo.trainers.local_checkpoints import LocalCheckpoints, restore_latest
 from verl_grpo.trainers.loop.batch import Group, LoopState, choose_replays, is_stale, replay_count, staleness
-from verl_grpo.trainers.loop.objective import Surrogate
+from verl_grpo.trainers.loop.objective import Surrogate, group_advantages
 from verl_grpo.trainers.loop.publish import FINAL_MODEL_DIR, publish
 from verl_grpo.trainers.loop.rollouts import RolloutProducer
 from verl_grpo.trainers.loop.update import PolicyUpdate, UpdateStats
@@ -42,7 +42,7 @@ from verl_grpo.trainers.signal import CLIPPED_RATIO, MEAN_LENGTH, TIED_GROUP_SHA
 from verl_grpo.trainers.worker.errors import check_workdir
 from verl_grpo.trainers.worker.metrics import WorkerLogs
 from verl_grpo.trainers.worker.progress import progress_line
-from verl_grpo.trainers.worker.samples import Sample, first_groups, group_advantages, sampled_step
+from verl_grpo.trainers.worker.samples import Sample, first_groups, sampled_step
 from verl_grpo.trainers.worker.spec import WorkerSpec
 
 STATE_FILE = "loop_state.json"
@@ -373,7 +373,7 @@ class Loop:
         k, picked = self.cfg.trainer.samples_per_step, []
         for group in groups:
             prompt = self.tokenizer.decode(group.prompt_token_ids, skip_special_tokens=True)
-            advantages = group_advantages(group.rewards)
+            advantages = group_advantages(torch.tensor([group.rewards], dtype=torch.float32))[0].tolist()
             picked.append([Sample(prompt, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.reward,
                                   advantage, r.finish_reason == "length", dict(r.components), group.policy_version,
                                   group.source) for r, advantage in zip(group.rollouts, advantages, strict=True)])

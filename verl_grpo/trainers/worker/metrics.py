@@ -58,11 +58,16 @@ class WorkerLogs:
 
 
 def read_metrics(path: Path | None) -> list[dict[str, Any]]:
-    """Lines of a metrics.jsonl, deduplicated by step (the last line of a step wins), in step order."""
+    """Lines of a local metrics.jsonl (or samples.jsonl), as `step_records`; [] when there is no file."""
     if path is None or not Path(path).is_file():
         return []
+    return step_records(Path(path).read_text())
+
+
+def step_records(text: str) -> list[dict[str, Any]]:
+    """A step log's JSON lines, deduplicated by step (the last line of a step wins), in step order."""
     by_step: dict[int, dict[str, Any]] = {}
-    for line in Path(path).read_text().splitlines():
+    for line in text.splitlines():
         if line.strip():
             record = json.loads(line)
             by_step[int(record["step"])] = record

@@ -4,7 +4,6 @@ rows the MLflow table and the Prefect artifact show."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -12,6 +11,7 @@ from typing import Any
 
 from verl_grpo.store import Store
 from verl_grpo.store_layout import run_samples
+from verl_grpo.trainers.worker.metrics import step_records
 
 RESPONSE_CHARS = 2000
 """A sample's prompt and response are cut to this many characters (a runaway response would swamp the table)."""
@@ -59,7 +59,8 @@ def score_components(score: dict[str, Any], skip: Iterable[str] = ()) -> dict[st
 
 def group_advantages(rewards: Sequence[float]) -> list[float]:
     """GRPO's advantages of one prompt's rollouts as verl computes them: (r - mean) / (unbiased std + 1e-6), 0 for
-    a group of one."""
+    a group of one. Plain Python for the verl path, whose settings the launch CLI imports without torch; the loop,
+    which trains on `loop.objective.group_advantages`, shows that one's values (a unit test holds the two equal)."""
     if len(rewards) < 2:
         return [0.0] * len(rewards)
     mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
@@ -90,10 +91,7 @@ def sample_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def stored_samples(store: Store, run_id: str) -> list[dict[str, Any]]:
     """The run's samples.jsonl records from the store, in step order ([] when the run kept none)."""
     rel = run_samples(run_id)
-    if not store.exists(rel):
-        return []
-    records = [json.loads(line) for line in store.read_text(rel).splitlines() if line.strip()]
-    return sorted(records, key=lambda r: r["step"])
+    return step_records(store.read_text(rel)) if store.exists(rel) else []
 
 
 def latest_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
