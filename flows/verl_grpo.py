@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prefect import flow, get_client, tags
 from prefect.runtime import flow_run
+from prefect.states import Completed
 
 from flows.hooks import record_crash
 from flows.steps import PrefectSteps
@@ -15,6 +16,7 @@ from tasks.reporting import publish_summary, run_tags
 from tasks.resolve import resolve_config
 from verl_grpo.chain import ResolvedRun, run_chain
 from verl_grpo.config import config_files
+from verl_grpo.summary import state_message
 
 NIGHTLY_TAG = "nightly"  # only runs the scheduler created; a run started by hand is not a nightly retrain
 
@@ -36,7 +38,9 @@ def verl_grpo(config: list[str] | None = None, overrides: list[str] | None = Non
     run = resolve_config(config_files(config), overrides or [], run_id, fresh)
     label_flow_run(run)
     with tags(*run_tags(run.cfg)):
-        return publish_summary(run_chain(run, PrefectSteps()))
+        summary = publish_summary(run_chain(run, PrefectSteps()))
+    # Completed with the run's warnings and decision as its message (calling the flow still returns the summary).
+    return Completed(message=state_message(summary), data=summary)
 
 
 def label_flow_run(run: ResolvedRun) -> None:

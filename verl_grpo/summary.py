@@ -93,6 +93,17 @@ def async_loop_lines(train_summary: dict) -> list[str]:
             f" ({int(s.get('dropped_stale', 0))} stale group(s) dropped)"]
 
 
+STATE_MESSAGE_CHARS = 1000
+
+
+def state_message(summary: dict) -> str:
+    """The flow run's final state message, which Prefect's UI shows beside the state in the runs list and on the run
+    page: each training finding or mirror failure first (`Warning: ...`, so a run that learned nothing does not read
+    as a plain success), then the decision."""
+    text = " ".join([*(f"Warning: {line}" for line in summary.get("warnings", [])), f"Decision: {summary['decision']}"])
+    return text if len(text) <= STATE_MESSAGE_CHARS else text[: STATE_MESSAGE_CHARS - 1] + "…"
+
+
 def outcome_lines(summary: dict) -> list[str]:
     """What a user reads first, one line each: the decision, the registered version, what GRPO added over the warm
     start (a run with one), each metric's change: `base -> trained (delta, p)`, or with a warm start

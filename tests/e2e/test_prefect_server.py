@@ -97,7 +97,11 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     # The outcome sits on the flow run itself, and in its log.
     assert by_key["run-summary-gsm8k"].task_run_id is None and by_key["eval-results"].task_run_id is None
     assert "**Decision:**" in summary and "| accuracy |" in summary and "McNemar p=" in summary
-    assert any(log.message.startswith("decision: ") for log in logs)
+    decision = next(log.message for log in logs if log.message.startswith("decision: ")).removeprefix("decision: ")
+    # The runs list shows the final state's message: the summary's warnings (the tiny model learns nothing), then
+    # the decision.
+    assert summary.count("**Warning:** ") == flow_run.state.message.count("Warning: ") > 0, flow_run.state.message
+    assert flow_run.state.message.startswith("Warning: ") and flow_run.state.message.endswith(f"Decision: {decision}")
     assert any(log.message.startswith("accuracy: ") and "McNemar p=" in log.message for log in logs)
     # Its MLflow link opens the run on the MLflow UI that `make serve` started over the local store.
     mlflow_url = re.search(r"\((http://[^)]+)\)", by_key["mlflow-run"].data)[1]  # a link artifact: [text](url)

@@ -8,7 +8,7 @@ from verl_grpo.comparison import MetricChange
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.reward_curve import reward_curve
-from verl_grpo.summary import summary_dict, summary_markdown
+from verl_grpo.summary import STATE_MESSAGE_CHARS, state_message, summary_dict, summary_markdown
 
 PNG = "/state/store/runs/run-1/reward_curve.png"
 METRICS = {"accuracy": 0.3, "mean_score": 0.4, "format_rate": 0.5, "mean_response_tokens": 80.0,
@@ -91,3 +91,8 @@ def test_a_run_without_learning_signal_is_a_warning_in_the_artifact_and_the_cli(
     out = capsys.readouterr().out
     assert f"  warning           {finding}" in out and out.count(finding) == 1
     assert "(kept champion v1: v2 is not better)" in out
+    # and the flow run's final state says it first, so the run does not read as a plain success in the runs list
+    assert state_message(summary) == f"Warning: {finding} Decision: kept champion v1: v2 is not better"
+    assert state_message(_summary(None, "")) == "Decision: kept champion v1: v2 is not better"
+    long = state_message(_summary(None, "", health=[finding * 20]))
+    assert len(long) == STATE_MESSAGE_CHARS and long.endswith("…")
