@@ -148,6 +148,8 @@ class RunCost(_Record):
     """`spot` or `on-demand`, as launched."""
     priced_at: str
     """Which catalog prices were used, one line."""
+    warnings: list[str] = Field(default_factory=list)
+    """Where the launch went otherwise than the config asked (infra.spot=true launched on-demand), one line each."""
 
     def line(self) -> str:
         cost = f"${self.cost_usd:,.2f}" if self.cost_usd is not None else "no catalog price"

@@ -88,6 +88,8 @@ for job_id, name, start, end, runs in ((1, job_name(run_id), t0, t0 + 7200, [(60
 records = [r.__dict__ for r in sky_boundary.queue()]
 cost_cfg = load_config([], base + ["skypilot.cloud=runpod", "skypilot.region=US", "infra.nodes=2", "infra.spot=true"])
 cost = SkyPilotProvider(boundary=sky_boundary, env={}).run_cost(cost_cfg, run_id)
+fallback_cfg = load_config([], base + ["skypilot.cloud=lambda", "infra.nodes=2", "infra.spot=true"])
+out["fallback"] = SkyPilotProvider(boundary=sky_boundary, env={}).run_cost(fallback_cfg, run_id).model_dump()
 cluster_cfg = load_config([], base + ["skypilot.cluster=mine"])
 out["records"] = records
 out["actual"] = cost.model_dump()
@@ -217,6 +219,15 @@ def test_actual_cost_from_the_timeline_at_the_launched_price(results):
     assert cost["jobs"] == 2 and cost["recoveries"] == 1 and cost["pricing"] == "spot"
     assert cost["run_hours"] == pytest.approx((2400 + 3400 + 1500) / 3600)
     assert "node-hours" in results["actual_line"] and "$65.00" in results["actual_line"]
+
+
+def test_spot_asked_where_none_is_sold_is_priced_on_demand_and_says_so(results):
+    cost = results["fallback"]  # infra.spot=true on Lambda, which sells no spot: the launch went on demand
+    assert cost["pricing"] == "on-demand" and cost["priced_at"].startswith("on-demand lambda")
+    assert cost["cost_usd"] is not None and cost["cost_usd"] != pytest.approx(results["actual"]["cost_usd"])
+    [warning] = cost["warnings"]
+    assert "infra.spot=true but no catalog offer of H100:8 on lambda sells spot: launching on-demand" in warning
+    assert results["actual"]["warnings"] == []
 
 
 def test_no_actual_cost_on_an_existing_cluster(results):

@@ -77,6 +77,13 @@ def test_the_actual_cloud_cost_is_printed_and_the_local_provider_says_nothing(ca
     local = summary_dict(outcome(RunConfig(), dataset, result, report, report,
                                  version=version.model_copy(update={"cloud_cost": None})))
     assert "cloud_cost" not in local
+    assert summary["warnings"] == []
+    # A launch that went on demand though infra.spot=true asked for spot is a warning of the run, as no signal is.
+    fallback = "infra.spot=true but no catalog offer of H100:8 on lambda sells spot: launching on-demand"
+    fell_back = summary_dict(outcome(sky, dataset, result, report, report, version=version.model_copy(
+        update={"cloud_cost": cost.model_copy(update={"pricing": "on-demand", "warnings": [fallback]})})))
+    assert fell_back["warnings"] == [fallback] and state_message(fell_back).startswith(f"Warning: {fallback}")
+    assert f"**Warning:** {fallback}" in summary_markdown(fell_back, "abc")
 
 
 def test_a_run_without_learning_signal_is_a_warning_in_the_artifact_and_the_cli(capsys):

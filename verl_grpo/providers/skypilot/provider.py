@@ -176,7 +176,9 @@ class SkyPilotProvider:
         from verl_grpo.providers.skypilot.cost import actual_cost
 
         names = templates.run_job_names(run_id)
-        return actual_cost(cfg, run_id, [r for r in self.sky.queue() if r.name in names], self.sky)
+        launched, fallback = with_spot_choice(cfg, self.sky)  # priced as launched: on demand where no spot is sold
+        cost = actual_cost(launched, run_id, [r for r in self.sky.queue() if r.name in names], self.sky)
+        return cost.model_copy(update={"warnings": [fallback]}) if fallback else cost
 
     def _launch(self, cfg: RunConfig, name: str, render: Callable[[], templates.RenderedTask]) -> Job:
         """Reattach to the live job called `name`, else render (only then) and launch it as a managed job."""
