@@ -100,6 +100,35 @@ def test_choose_replays_drops_stale_and_used_up_groups_and_retires_them():
     assert choice.retire == [10, 12, 15] and choice.dropped_stale == 1 and choice.max_staleness == 1
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_a_step_replays_what_the_buffer_holds_whatever_one_draw_picks(seed):
+    """After a resume the buffer also holds a killed attempt's groups (prompts this attempt has not trained yet) and
+    used-up ones: the step draws again, excluding what it drew, until it has its replays or nothing is left."""
+    from types import SimpleNamespace
+
+    from verl_grpo.services.replay_buffer import ReplayBuffer
+    from verl_grpo.trainers.loop.training import SAMPLE_OVERDRAW, Loop
+
+    class Replay:  # the replay-buffer service's /sample over its own buffer
+        def post(self, path, body):
+            assert path == "/sample" and body["unique"]
+            entries, _ = buffer.sample(body["size"], None, True, body["min_policy_version"],
+                                       frozenset(body["exclude_ids"]))
+            return {"items": [{"id": e.id, "data": e.data} for e in entries]}
+
+    buffer = ReplayBuffer(capacity=100, alpha=1.0, seed=seed)
+    killed = [_group(f"0:{i}", 3) for i in range(4, 4 + 2 * SAMPLE_OVERDRAW)]  # the killed attempt's fresh groups
+    used_up, usable = _group("0:1", 1), _group("0:2", 2)
+    groups = [used_up, *killed[:3], usable, *killed[3:]]
+    buffer.add([g.mean_reward for g in groups], [g.payload() for g in groups], [g.policy_version for g in groups])
+    loop = SimpleNamespace(want_replay=1, pending_retire=set(), max_uses=2,
+                           cfg=SimpleNamespace(async_training=SimpleNamespace(max_staleness=3)),
+                           state=SimpleNamespace(uses={"0:1": 2, "0:2": 1, "0:3": 1}))
+    chosen, retire, dropped = Loop._replays(loop, SimpleNamespace(replay=Replay()), current=3)
+    assert [g.prompt_id for g in chosen] == ["0:2"] and dropped == 0
+    assert set(retire) <= {0}  # the used-up group, retired when drawn
+
+
 def test_loop_state_counts_uses_moves_the_cursor_and_round_trips():
     state = LoopState()
     fresh = [Group("0:0", [1], [], 0, cursor_after=(0, 1)), Group("0:1", [1], [], 0, cursor_after=(0, 2))]

@@ -282,23 +282,28 @@ class Loop:
     def _replays(self, services: Services, current: int) -> tuple[list[Group], list[int], int]:
         if self.want_replay == 0:
             return [], [], 0
-        try:
-            # The buffer draws among items within the staleness bound that are not waiting to be retired.
-            drawn = services.replay.post("/sample", {
-                "size": self.want_replay * SAMPLE_OVERDRAW, "unique": True,
-                "min_policy_version": current - self.cfg.async_training.max_staleness,
-                "exclude_ids": sorted(self.pending_retire)})
-        except DataError as e:
-            if "empty" in str(e):  # nothing trained yet: the step takes fresh groups only
-                return [], [], 0
-            raise
-        candidates = [Group.from_payload(item["data"], item["id"]) for item in drawn["items"]]
-        # A group of a prompt this run has not trained fresh (stored by a killed attempt whose update was rolled
-        # back) waits until that prompt is trained fresh again, so no prompt is used more than max_uses times.
-        trained = [g for g in candidates if g.prompt_id in self.state.uses]
-        choice = choose_replays(trained, self.want_replay, self.state.uses, current,
-                                self.cfg.async_training.max_staleness, self.max_uses)
-        return choice.chosen, choice.retire, choice.dropped_stale
+        size, candidates = self.want_replay * SAMPLE_OVERDRAW, []
+        while True:
+            try:
+                # The buffer draws among items within the staleness bound that are not waiting to be retired, nor
+                # drawn already by this step.
+                drawn = services.replay.post("/sample", {
+                    "size": size, "unique": True, "min_policy_version": current - self.cfg.async_training.max_staleness,
+                    "exclude_ids": sorted(self.pending_retire | {g.replay_id for g in candidates})})["items"]
+            except DataError as e:
+                if "empty" in str(e):  # nothing trained yet: the step takes fresh groups only
+                    return [], [], 0
+                raise
+            candidates += [Group.from_payload(item["data"], item["id"]) for item in drawn]
+            # A group of a prompt this run has not trained fresh (stored by a killed attempt whose update was rolled
+            # back) waits until that prompt is trained fresh again, so no prompt is used more than max_uses times.
+            trained = [g for g in candidates if g.prompt_id in self.state.uses]
+            choice = choose_replays(trained, self.want_replay, self.state.uses, current,
+                                    self.cfg.async_training.max_staleness, self.max_uses)
+            # Drawn again while the draws held too few usable groups and the buffer has items not drawn yet: what
+            # a step replays depends on the buffer, never on the luck of one draw.
+            if len(choice.chosen) >= self.want_replay or len(drawn) < size:
+                return choice.chosen, choice.retire, choice.dropped_stale
 
     def _push_weights(self) -> None:
         from verl_grpo.services.rollout_client import RolloutClient
