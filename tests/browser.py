@@ -93,9 +93,6 @@ class _Tables(HTMLParser):
             self._cell = None
         self._depth -= 1
 
-    def handle_startendtag(self, tag, attrs):
-        pass
-
     def handle_data(self, data):
         if self._cell is not None:
             self._cell.append(data)
