@@ -11,16 +11,21 @@ from pathlib import Path
 
 from ports import free_port
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect_template import seed_prefect_home
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 
 @contextmanager
-def served_prefect(home: Path, model_cache: Path, **env_overrides: str) -> Iterator[subprocess.CompletedProcess]:
+def served_prefect(home: Path, model_cache: Path, first_start: bool = False,
+                   **env_overrides: str) -> Iterator[subprocess.CompletedProcess]:
     """Run serve.sh with `home` as the state dir, yield its completed process with PREFECT_API_URL pointing at
-    the server, then stop.sh and check nothing of it is left running."""
+    the server, then stop.sh and check nothing of it is left running. Prefect's database is a copy of a migrated
+    one (tests/prefect_template.py) unless `first_start`: the server then makes its schema, as on a new machine."""
     port = free_port()
+    if not first_start:
+        seed_prefect_home(home / "prefect")
     env = {**os.environ, "VERL_GRPO_HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
            "PREFECT_SERVER_PORT": str(port), "MLFLOW_UI_PORT": str(free_port()), "VERL_GRPO_MODEL_CACHE": str(model_cache), "PREFECT_STOP_GRACE": "10",
            **env_overrides}

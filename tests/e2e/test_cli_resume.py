@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prefect_template import seed_prefect_home
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
@@ -34,7 +35,7 @@ def test_kill_and_rerun_resumes(tiny_overrides, tmp_path):
     cfg = load_config(["gsm8k"], overrides)
     store = Store.from_config(cfg.storage)
     ckpts = CheckpointStore(store)
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "PYTHONUNBUFFERED": "1"}
     env.pop("PREFECT_API_URL", None)
 
     first = _cli(overrides, env, tmp_path / "first.log")

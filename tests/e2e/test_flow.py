@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from mlflow import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
+from prefect_template import seeded_test_harness
 from sharded_evals import check_sharded_evals
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
+    with seeded_test_harness():
         yield
 
 

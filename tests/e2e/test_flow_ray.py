@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from prefect.testing.utilities import prefect_test_harness
+from prefect_template import seeded_test_harness
 from sharded_evals import check_sharded_evals
 
 from verl_grpo.config import OrchestrationConfig
@@ -20,7 +20,7 @@ RAY_PROCESSES = {"raylet", "gcs_server"}
 
 @pytest.fixture(scope="module")
 def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
+    with seeded_test_harness():
         yield
 
 

@@ -29,7 +29,7 @@ RUN_TIMEOUT_S = 600  # a bound for a hang, with room for two other xdist workers
 def served(tmp_path_factory, tiny_model_dir):
     """`make serve` in a temp state dir, schedules deployed paused (the scheduler test runs them)."""
     home = tmp_path_factory.mktemp("served")
-    with served_prefect(home, tiny_model_dir.parent, VERL_GRPO_NIGHTLY_ACTIVE="false"):
+    with served_prefect(home, tiny_model_dir.parent, first_start=True, VERL_GRPO_NIGHTLY_ACTIVE="false"):
         yield home
 
 

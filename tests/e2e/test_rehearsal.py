@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
+from prefect_template import seed_prefect_home, seeded_test_harness
 
 from verl_grpo.config import load_config
 from verl_grpo.rehearsal import sky_boundary
@@ -61,7 +61,7 @@ def test_job_group_survives_two_preemptions_and_a_restarted_bug(tiny_model_dir, 
     overrides = [f"model.name={tiny_model_dir}", *SMALL, "trainer.backend=verl", "infra.provider=skypilot",
                  "skypilot.shape=job_group", "skypilot.max_restarts_on_errors=1", "skypilot.termination_delay=2s"]
     cfg = load_config(CONFIGS, overrides)
-    with prefect_test_harness(server_startup_timeout=120), \
+    with seeded_test_harness(), \
             rehearsal_session(cfg, preempt_at=(2, 4), fail_at=6, root=tmp_path / "rehearsal") as session:
         from flows.verl_grpo import verl_grpo
 
@@ -108,7 +108,7 @@ def test_job_group_survives_two_preemptions_and_a_restarted_bug(tiny_model_dir, 
 
 
 def test_a_user_code_failure_fails_the_launch_once_without_retries(tiny_model_dir, tmp_path):
-    env = {**os.environ, "VERL_GRPO_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = {**os.environ, "VERL_GRPO_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect"))}
     env.pop("PREFECT_API_URL", None)
     cmd = [sys.executable, "-m", "cli", "launch", *(a for c in CONFIGS for a in ("-c", c)),
            *(a for o in [f"model.name={tiny_model_dir}", *SMALL, "skypilot.max_restarts_on_errors=0"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from prefect import flow, task
+from prefect_template import seeded_test_harness
 
 from tasks.policy import RETRY_DELAYS_S, retry_on_infra_errors
 from verl_grpo.contracts import TrainResult
@@ -15,9 +16,7 @@ RETRIES = 3
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
+    with seeded_test_harness():
         yield
 
 

@@ -1,0 +1,76 @@
+"""A Prefect database that already has its schema, to seed the fresh Prefect homes of tests that are not about a
+first start.
+
+A Prefect server on an empty home spends about 11 of its 16 CPU-seconds of start-up on this 2-core machine
+creating the schema (Prefect's alembic migrations) and registering the block types; with a migrated database it is
+ready after 5. The suite starts some twenty such servers (deployments, resumes, rehearsals), so the schema is made
+once per test session, by starting Prefect's own server on an empty home, and copied into each test's home.
+A first start on an empty home is still tested: `make run` in `.ci/run` and tests/e2e/test_fresh_state.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+FILES = ("prefect.db", "memo_store.toml")
+"""What a home holds after a server's first start: the database and the memo that the block types are registered."""
+SESSION_DIR_ENV = "VERL_GRPO_TEST_HOME"
+_START_AND_STOP = ("from prefect.server.api.server import SubprocessASGIServer\n"
+                   "server = SubprocessASGIServer()\nserver.start(timeout=300)\nserver.stop()\n")
+
+
+def template_home() -> Path:
+    """The seed home, made on first use (by whichever xdist worker needs it first) by a Prefect server's first start
+    in the session's temporary directory (tests/conftest.py: SESSION_DIR_ENV), never in the checkout."""
+    root = Path(os.environ[SESSION_DIR_ENV])
+    home = root / "prefect-template"
+    if all((home / name).is_file() for name in FILES):
+        return home
+    building = Path(tempfile.mkdtemp(prefix="prefect-template-", dir=root))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(building), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    subprocess.run([sys.executable, "-c", _START_AND_STOP], env=env, check=True, capture_output=True, timeout=600)
+    with contextlib.closing(sqlite3.connect(building / "prefect.db")) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the .db file: the copies take only it
+    for leftover in building.iterdir():
+        if leftover.name not in FILES:
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    try:
+        building.rename(home)
+    except OSError:  # another xdist worker finished first: its copy is as good
+        shutil.rmtree(building, ignore_errors=True)
+    return home
+
+
+def seed_prefect_home(home: Path) -> Path:
+    """`home` holding a copy of the migrated database (unless it already has one); returns `home`."""
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "prefect.db").exists():
+        template = template_home()
+        for name in FILES:
+            shutil.copyfile(template / name, home / name)
+    return home
+
+
+@contextlib.contextmanager
+def seeded_test_harness(server_startup_timeout: int = 120) -> Iterator[None]:
+    """Prefect's own `prefect_test_harness`, its temporary database a copy of the migrated one."""
+    from prefect.testing import utilities
+
+    def seeded_temp_dir() -> str:
+        path = Path(tempfile.mkdtemp(prefix="prefect-harness-"))
+        shutil.copyfile(template_home() / "prefect.db", path / "prefect-test.db")  # the harness's file name
+        return str(path)
+
+    with mock.patch.object(utilities, "mkdtemp", seeded_temp_dir), \
+            utilities.prefect_test_harness(server_startup_timeout=server_startup_timeout):
+        yield
