@@ -7,7 +7,8 @@ PYTEST_ARGS ?=
 # `make test` splits the suite over this many pytest-xdist workers (tests/parallel_units.py: how; 0: one process).
 PYTEST_WORKERS ?= 3
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
-# Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute smoke CI runs).
+# Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute tiny run that
+# tests/e2e/conftest.py::first_cli_run makes of this very recipe).
 RUN_ARGS ?=
 
 .PHONY: install bytecode run lint browser test test-fast bench lock clean serve stop

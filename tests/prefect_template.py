@@ -5,7 +5,8 @@ A Prefect server on an empty home spends about 11 of its 16 CPU-seconds of start
 creating the schema (Prefect's alembic migrations) and registering the block types; with a migrated database it is
 ready after 5. The suite starts some twenty such servers (deployments, resumes, rehearsals), so the schema is made
 once per test session, by starting Prefect's own server on an empty home, and copied into each test's home.
-A first start on an empty home is still tested: `make run` in `.ci/run` and tests/e2e/test_fresh_state.py.
+A first start on an empty home is still tested: a new user's first `make run` (tests/e2e/conftest.py::first_cli_run),
+`make serve`'s in tests/e2e/test_prefect_server.py, and tests/e2e/test_fresh_state.py.
 """
 
 from __future__ import annotations

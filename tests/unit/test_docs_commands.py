@@ -106,9 +106,9 @@ class Mapped:
 GPU_PAGE = "docs/gpu-skypilot.md"
 GPU_TEST = "tests/e2e/test_readme_gpu.py::test_every_command_of_the_gpu_section_runs"
 MAPPED = [
-    Mapped(r"make run", "the whole flow on SmolLM2 takes minutes; CI runs it on the tiny model on a clean checkout, "
-           "and a new user's first `verl-grpo run -c gsm8k -c local` (what `make run` runs) is a test",
-           ('.ci/run::=make run RUN_ARGS="-o model.name=tiny"',
+    Mapped(r"make run", "the whole flow on SmolLM2 takes minutes; a new user's first run is the Makefile's `run` "
+           "recipe on the tiny model (tests/e2e/conftest.py::first_cli_run takes it from `make -n run`)",
+           ("tests/e2e/conftest.py::=make_run_command",
             "tests/e2e/test_fresh_state.py::test_first_run_creates_the_state_dir_and_finishes")),
     Mapped(r"make test", "the whole suite (about half an hour); CI runs exactly this", (".ci/run::=\nmake test",)),
     Mapped(r"verl-grpo run -c gsm8k -c local \[-o key=value \.\.\.\] \[--run-id ID\] \[--fresh\]",
