@@ -11,7 +11,13 @@ XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgro
 # tests/e2e/conftest.py::first_cli_run makes of this very recipe).
 RUN_ARGS ?=
 
-.PHONY: install bytecode run lint browser test test-fast bench lock clean serve stop
+# Python writes the bytecode of each module it imports, once (into .venv and this checkout's __pycache__, which git
+# ignores): on a machine that sets PYTHONDONTWRITEBYTECODE, as this one does, every process of a run or a test run
+# (some thousand) would compile every module it imports again. Only what is imported gets compiled: the install no
+# longer compiles all 30,000 files of the venv (63 s on 2 cores).
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: install run lint browser test test-fast bench lock clean serve stop
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,21 +28,11 @@ $(STAMP): pyproject.toml requirements.lock
 	# included, which uv finds installed); pip is the fallback should uv fail on a machine.
 	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements.lock -e '.[test]' || \
 	  { echo "uv failed; installing with pip"; $(PY) -m pip install -q --no-compile -c requirements.lock -e '.[test]'; }
-	# Byte-compiled once here, over all cores (pip compiles module by module; a process under PYTHONDONTWRITEBYTECODE
-	# would compile each import again). The libraries' own test suites (`*/tests/`, 55 of 430 MB: pandas, sympy,
-	# scipy, ...) are never imported, and torch's test helpers in a newer Python's syntax cannot compile (pip skips them
-	# too); any other failure stops the install.
-	$(PY) -m compileall -q -j 0 -x '/torch/testing/_internal/py3[1-9][0-9]_|/tests/' $(VENV)/lib
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# This checkout's own modules, byte-compiled up front: a process under PYTHONDONTWRITEBYTECODE (as on this machine)
-# would compile every module it imports again, and a test run starts some thousand such processes.
-bytecode: install
-	$(PY) -m compileall -q -j 0 verl_grpo flows tasks cli infra
-
-run: install bytecode
+run: install
 	$(VENV)/bin/verl-grpo run -c gsm8k -c local $(RUN_ARGS)
 
 # The lint gate (ruff: pyflakes, sorted imports, 120-column product code; [tool.ruff] in pyproject.toml) runs before
@@ -51,10 +47,10 @@ browser:
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null; }
 
-test: lint browser bytecode
+test: lint browser
 	$(VENV)/bin/pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
-test-fast: lint bytecode
+test-fast: lint
 	$(VENV)/bin/pytest -q $(XDIST) tests/unit $(PYTEST_ARGS)
 
 bench: install
