@@ -27,6 +27,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 
 _ERROR_RECORD = re.compile(r"\|\s*ERROR\s*\|\s*(?P<logger>\S+)\s+-\s+(?P<message>.*)")
+_RECORD = re.compile(r"^\d\d:\d\d:\d\d\.\d+ \| ")
 _EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception)\b.*")
 # Prefect's services retry a write that met SQLite's lock (PrefectHQ/prefect#10188, #18934): contention on a
 # busy machine, reported and not failed on.
@@ -36,6 +37,18 @@ _TRANSIENT = "database is locked"
 def is_transient(error: str) -> bool:
     """True for an ERROR record Prefect retries by itself (SQLite lock contention)."""
     return _TRANSIENT in error
+
+
+def without_transient_errors(text: str) -> str:
+    """The log less its ERROR records (each up to the next record) that Prefect retries by itself."""
+    records: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if _RECORD.match(line):
+            records.append([])
+        records[-1].append(line)
+    return "\n".join(line for record in records
+                     if not (record and _ERROR_RECORD.search(record[0]) and any(map(is_transient, record)))
+                     for line in record)
 
 
 def log_errors(text: str) -> list[str]:

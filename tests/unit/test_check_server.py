@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra" / "prefect"))
-from check_server import is_transient, log_errors  # noqa: E402
+from check_server import is_transient, log_errors, without_transient_errors  # noqa: E402
 
 # As Prefect 3.8.8's server logged it every minute with SQLAlchemy 2.1.9 pinned (shortened).
 SCHEDULER_FAILURE = """\
@@ -41,3 +41,16 @@ def test_sqlite_lock_contention_is_transient_a_scheduler_failure_is_not():
                         "OperationalError: (sqlite3.OperationalError) database is locked\n")
     assert [is_transient(e) for e in locked] == [True]
     assert [is_transient(e) for e in log_errors(SCHEDULER_FAILURE)] == [False]
+
+
+def test_only_error_records_caused_by_sqlites_lock_are_left_out_of_the_log():
+    log = ("13:01:20.001 | INFO    | prefect.server - started\n"
+           "13:01:22.658 | ERROR   | prefect.server.events.triggers - Error running periodic evaluation\n"
+           "Traceback (most recent call last):\n"
+           "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database is locked\n"
+           "13:01:23.100 | ERROR   | prefect.server.services.scheduler - Unexpected error\n"
+           "Traceback (most recent call last):\n"
+           "KeyError: 'x'\n"
+           "13:01:24.000 | INFO    | prefect.server - done\n")
+    kept = without_transient_errors(log).splitlines()
+    assert kept == [log.splitlines()[0], *log.splitlines()[4:]]
