@@ -12,6 +12,7 @@ A first start on an empty home is still tested: a new user's first `make run` (t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import sqlite3
@@ -30,25 +31,24 @@ _START_AND_STOP = ("from prefect.server.api.server import SubprocessASGIServer\n
 
 
 def template_home() -> Path:
-    """The seed home, made on first use (by whichever xdist worker needs it first) by a Prefect server's first start
-    in the session's temporary directory (tests/conftest.py: SESSION_DIR_ENV), never in the checkout."""
+    """The seed home, made on first use by a Prefect server's first start in the session's temporary directory
+    (tests/conftest.py: SESSION_DIR_ENV), never in the checkout; xdist workers that need it meanwhile wait for the
+    one that makes it."""
     root = Path(os.environ[SESSION_DIR_ENV])
     home = root / "prefect-template"
-    if all((home / name).is_file() for name in FILES):
-        return home
-    building = Path(tempfile.mkdtemp(prefix="prefect-template-", dir=root))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= {"PREFECT_HOME": str(building), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    subprocess.run([sys.executable, "-c", _START_AND_STOP], env=env, check=True, capture_output=True, timeout=600)
-    with contextlib.closing(sqlite3.connect(building / "prefect.db")) as db:
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the .db file: the copies take only it
-    for leftover in building.iterdir():
-        if leftover.name not in FILES:
-            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    try:
-        building.rename(home)
-    except OSError:  # another xdist worker finished first: its copy is as good
-        shutil.rmtree(building, ignore_errors=True)
+    with open(root / "prefect-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((home / name).is_file() for name in FILES):
+            with tempfile.TemporaryDirectory(dir=root) as building:
+                env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+                env |= {"PREFECT_HOME": building, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+                subprocess.run([sys.executable, "-c", _START_AND_STOP], env=env, check=True, capture_output=True,
+                               timeout=600)
+                with contextlib.closing(sqlite3.connect(Path(building) / "prefect.db")) as db:
+                    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the .db file: copies take only it
+                home.mkdir(exist_ok=True)
+                for name in FILES:
+                    shutil.copyfile(Path(building) / name, home / name)
     return home
 
 

@@ -51,7 +51,8 @@ def test_loop_run_survives_a_trainer_sigkill(tiny_overrides, tmp_path):
                   "async_training.rollout_servers=2", "async_training.replay_share=0.5",
                   f"async_training.max_staleness={MAX_STALENESS}", f"async_training.max_replays={MAX_REPLAYS}",
                   "async_training.trigger_parameter_sync_step=1", "services.termination_delay_s=0"]
-    env = {**os.environ, "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1"}
     env.pop("PREFECT_API_URL", None)
     store = Store(next(o for o in overrides if o.startswith("storage.uri=")).split("=", 1)[1])
 

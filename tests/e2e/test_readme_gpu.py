@@ -151,8 +151,8 @@ def shell(tmp_path, s3_server, tiny_model_dir):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WANDB_", "VERL_GRPO_REHEARSAL"))}
     env.pop("PREFECT_API_URL", None)
     env.pop("SKY_RUNTIME_DIR", None)
-    env |= {"HOME": str(home), "VERL_GRPO_HOME": str(tmp_path / "state"), "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")),
-            "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_sky_api_port())}
+    env |= {"HOME": str(home), "VERL_GRPO_HOME": str(tmp_path / "state"),
+            "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_sky_api_port())}
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket="my-bucket")
     yield Shell(tmp_path, env)

@@ -108,7 +108,8 @@ def test_job_group_survives_two_preemptions_and_a_restarted_bug(tiny_model_dir, 
 
 
 def test_a_user_code_failure_fails_the_launch_once_without_retries(tiny_model_dir, tmp_path):
-    env = {**os.environ, "VERL_GRPO_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect"))}
+    env = {**os.environ, "VERL_GRPO_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect"))}
     env.pop("PREFECT_API_URL", None)
     cmd = [sys.executable, "-m", "cli", "launch", *(a for c in CONFIGS for a in ("-c", c)),
            *(a for o in [f"model.name={tiny_model_dir}", *SMALL, "skypilot.max_restarts_on_errors=0"]
