@@ -18,6 +18,11 @@ SYSTEM_PROMPTS: dict[str, str] = {
         "Then give the complete solution inside <answer> </answer> as one ```python code block that defines "
         "the requested function, and write nothing after it."
     ),
+    "squad": (
+        "You answer questions about Wikipedia articles. Call the search tool to look up passages when you need "
+        "them. First reason briefly inside <think> </think>. Then give only the short answer, a few words taken "
+        "from the passage, inside <answer> </answer>, and write nothing after it."
+    ),
 }
 
 

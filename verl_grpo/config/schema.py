@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 
 from verl_grpo.local_paths import state_dir
 
-DatasetName = Literal["gsm8k", "math", "mbpp"]
+DatasetName = Literal["gsm8k", "math", "mbpp", "squad"]
 
 
 ACCEPTS_EMPTY = {"accepts_empty": True}
@@ -52,7 +52,8 @@ class _Section(BaseModel):
 
 class DatasetConfig(_Section):
     name: DatasetName = "gsm8k"
-    """Which task to train on: gsm8k, math or mbpp."""
+    """Which task to train on: gsm8k, math, mbpp, or squad (questions about Wikipedia articles, exact match; meant
+    for the search tool, `services: [retrieval]`)."""
     source: Literal["auto", "mirror", "hub"] = "auto"
     """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub; a
     mirror named by mirror_dir or VERL_GRPO_DATA_MIRROR must be present)."""

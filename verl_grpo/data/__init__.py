@@ -1,4 +1,4 @@
-"""Data preparation: raw GSM8K / MATH / MBPP → verl-format, content-hashed parquet in the store.
+"""Data preparation: raw GSM8K / MATH / MBPP / SQuAD → verl-format, content-hashed parquet in the store.
 
 `prepare_dataset(cfg, store, tokenizer=None) -> DatasetVersion` is what the pipeline calls;
 `load_split(dataset, split, store) -> DataFrame` reads a prepared split back (eval, trainers).

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion
-from verl_grpo.data import gsm8k, math_, mbpp
+from verl_grpo.data import gsm8k, math_, mbpp, squad
 from verl_grpo.data.schema import (
     BUILDER_VERSION,
     OUTPUT_SPLITS,
@@ -48,7 +48,9 @@ from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir
 
 logger = logging.getLogger(__name__)
 
-BUILDERS: dict[str, DatasetBuilder] = {b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER)}
+BUILDERS: dict[str, DatasetBuilder] = {
+    b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER, squad.BUILDER)
+}
 REJECTED_FILE = "rejected.parquet"
 HASH_CHARS = 16
 AGENT_SETTING = "agent_name"

@@ -3,10 +3,10 @@
 A prepared parquet row is exactly what verl's `RLHFDataset` and reward manager expect
 (see verl's examples/data_preprocess/gsm8k.py):
 
-    data_source   str                      "gsm8k" | "math" | "mbpp" (the reward dispatcher keys on it)
+    data_source   str                      "gsm8k" | "math" | "mbpp" | "squad" (the reward dispatcher keys on it)
     prompt        list<{role, content}>    system message (optional) + user message
-    ability       str                      "math" | "code"
-    reward_model  {style: "rule", ground_truth: str}
+    ability       str                      "math" | "code" | "qa"
+    reward_model  {style: "rule", ground_truth: str}  (squad: Search-R1's {"target": [answers]} as JSON)
     extra_info    struct                   split, index, uid + the dataset's raw fields (fixed per dataset)
 
 With the Search-R1 tool on (`retrieval` in services.enabled), rows also carry what verl's tool loop reads:

@@ -2,8 +2,9 @@
 
 Each dataset's reference solution becomes `<think>reasoning</think>\n<answer>final answer</answer>` (GSM8K's
 calculator annotations `<<48/2=24>>` dropped, MATH's solution as the reasoning, MBPP's reference program as the
-answer block). Every rewritten response is scored by the dataset's own reward before it is used, and only those
-scoring full marks are kept: the examples teach exactly what the rewards score, never a variant of it.
+answer block, SQuAD's first gold answer). Every rewritten response is scored by the dataset's own reward before it
+is used, and only those scoring full marks are kept: the examples teach exactly what the rewards score, never a
+variant of it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,13 @@ def mbpp_response(extra: dict[str, Any], ground_truth: str) -> str:
     return respond(f"The function `{extra['entry_point']}` must: {task}", f"\n```python\n{code}\n```\n")
 
 
+def squad_response(extra: dict[str, Any], ground_truth: str) -> str:
+    """An answer without a search (the warm start's search trajectories show the look-up; see data.search_r1)."""
+    return respond(f"The question is about {extra['title']}.", str(extra["answers"][0]))
+
+
 REWRITERS: dict[str, Callable[[dict[str, Any], str], str]] = {
-    "gsm8k": gsm8k_response, "math": math_response, "mbpp": mbpp_response,
+    "gsm8k": gsm8k_response, "math": math_response, "mbpp": mbpp_response, "squad": squad_response,
 }
 
 

@@ -118,6 +118,12 @@ def search_examples(spec: WorkerSpec, count: int):
 
     cfg = spec.cfg
     passages, questions = load_squad(cfg.services.retrieval.corpus)
+    if cfg.dataset.name == "squad":  # the run's own task: only its train split's questions, never a held-out one
+        from verl_grpo.data.prepare import load_split
+
+        rows = load_split(spec.dataset, "train", spec.store)
+        train = {str(extra["question"]).strip() for extra in rows["extra_info"]}
+        questions = [q for q in questions if q.question.strip() in train]
     system = default_system_prompt(cfg.dataset.name) if cfg.dataset.system_prompt is None else cfg.dataset.system_prompt
     return trajectories(passages, questions, count, system, format_passages, seed=cfg.algorithm.seed)
 
