@@ -459,7 +459,8 @@ def _print_versions(cfg, name: str | None, versions: tuple[str, ...], metrics: b
 
 
 @main.command()
-@click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp"]), help="Which scorer to use.")
+@click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp", "squad"]),
+              help="Which scorer to use.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_user_errors
 def score(dataset: str, file: Path) -> None:

@@ -28,8 +28,8 @@ def test_data_sources(source, dataset):
 
 
 def test_unknown_data_source_names_supported_ones():
-    with pytest.raises(ValueError, match=r"unknown data_source 'squad'.*gsm8k.*mbpp"):
-        compute_score("squad", GOOD, "18")
+    with pytest.raises(ValueError, match=r"unknown data_source 'no_such_source'.*gsm8k.*mbpp"):
+        compute_score("no_such_source", GOOD, "18")
 
 
 def test_verl_signature_accepts_extra_info_and_kwargs():
@@ -124,7 +124,7 @@ def test_score_file_reports_bad_lines_and_keeps_going(tmp_path):
 
 def test_score_file_unknown_dataset_or_missing_file(tmp_path):
     with pytest.raises(ValueError, match="unknown data_source"):
-        list(score_file("squad", tmp_path / "x.jsonl"))
+        list(score_file("no_such_source", tmp_path / "x.jsonl"))
     from verl_grpo.errors import DataError
 
     with pytest.raises(DataError, match="not found"):

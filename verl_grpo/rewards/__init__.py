@@ -1,8 +1,12 @@
-"""Verifiable rewards for GSM8K, MATH and MBPP, behind verl's scorer signature.
+"""Verifiable rewards for GSM8K, MATH, MBPP and open-domain QA, behind verl's scorer signature.
 
 `compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict` is what
 verl's reward managers call (point `reward.custom_reward_function.path` at `verl_entry.py` in this
 package, `name=compute_score`); TRL gets per-component functions from `trl_adapter`.
+
+QA (`squad`, and verl's Search-R1 rows: any `searchR1_<name>` data_source) is scored by exact match of the
+final answer block against the gold answers (`qa`); `reward.custom_reward_function.reward_kwargs.qa_match=subem`
+switches to substring match.
 """
 
 from verl_grpo.rewards.scoring import (

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from verl_grpo.rewards import gsm8k, math_, mbpp
+from verl_grpo.rewards import gsm8k, math_, mbpp, qa
+
+SEARCH_R1_PREFIX = "searchR1_"
+"""verl's Search-R1 rows are named searchR1_<dataset> (searchR1_nq, searchR1_hotpotqa, ...); any such name is QA."""
 
 DATA_SOURCES: dict[str, str] = {
     "gsm8k": "gsm8k",
@@ -18,19 +21,39 @@ DATA_SOURCES: dict[str, str] = {
     "mbpp": "mbpp",
     "google-research-datasets/mbpp": "mbpp",
     "Muennighoff/mbpp": "mbpp",
+    "squad": "squad",
+    "rajpurkar/squad": "squad",
+    "nq_hotpotqa": "nq_hotpotqa",
+    **{
+        SEARCH_R1_PREFIX + name: "nq_hotpotqa"
+        for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+    },
 }
-"""Accepted data_source values → our dataset name."""
+"""Accepted data_source values → our dataset name (plus any other name starting with SEARCH_R1_PREFIX)."""
 
-WEIGHTS: dict[str, dict[str, float]] = {"gsm8k": gsm8k.WEIGHTS, "math": math_.WEIGHTS, "mbpp": mbpp.WEIGHTS}
+WEIGHTS: dict[str, dict[str, float]] = {
+    "gsm8k": gsm8k.WEIGHTS,
+    "math": math_.WEIGHTS,
+    "mbpp": mbpp.WEIGHTS,
+    "squad": qa.WEIGHTS,
+    "nq_hotpotqa": qa.WEIGHTS,
+}
 """Component weights per dataset (GRAIL); each table sums to 1."""
+
+QA_DATASETS = frozenset({"squad", "nq_hotpotqa"})
 
 
 def dataset_of(data_source: str) -> str:
     """Our dataset name for a data_source; ValueError naming the supported ones otherwise."""
-    name = DATA_SOURCES.get(str(data_source)) or DATA_SOURCES.get(str(data_source).lower())
+    source = str(data_source)
+    name = DATA_SOURCES.get(source) or DATA_SOURCES.get(source.lower())
+    if name is None and source.lower().startswith(SEARCH_R1_PREFIX.lower()) and len(source) > len(SEARCH_R1_PREFIX):
+        name = "nq_hotpotqa"
     if name is None:
+        named = sorted((s for s in DATA_SOURCES if not s.startswith(SEARCH_R1_PREFIX)), key=str.lower)
         raise ValueError(
-            f"unknown data_source {data_source!r}; supported: {', '.join(sorted(DATA_SOURCES, key=str.lower))}"
+            f"unknown data_source {data_source!r}; supported: {', '.join(named)}, and any {SEARCH_R1_PREFIX}<name> "
+            "(verl's Search-R1 rows, e.g. searchR1_nq)"
         )
     return name
 
@@ -40,20 +63,28 @@ def compute_score(
 ) -> dict:
     """Score one response: `score` (weighted total in [0, 1]), each component, `acc` and `pred`/test counts.
 
-    `extra_info` and extra keyword arguments (verl passes e.g. reward_router_address) are accepted and unused.
+    `qa_match` ("em", the default, or "subem") picks the QA match mode (verl:
+    `reward.custom_reward_function.reward_kwargs.qa_match=subem`); other datasets ignore it. `extra_info` and other
+    keyword arguments (verl passes e.g. reward_router_address) are accepted and unused.
     """
     dataset = dataset_of(data_source)
     if dataset == "gsm8k":
         return gsm8k.compute_score(solution_str, ground_truth)
     if dataset == "math":
         return math_.compute_score(solution_str, ground_truth)
+    if dataset in QA_DATASETS:
+        match = kwargs.get("qa_match")
+        return qa.compute_score(solution_str, ground_truth, match="em" if match is None else match)
     return mbpp.compute_score(solution_str, ground_truth)
 
 
-def compute_scores(data_source: str, solution_strs: Sequence[str], ground_truths: Sequence[Any]) -> list[dict]:
-    """Score a batch of one dataset; MBPP programs run in parallel across the execution pool."""
+def compute_scores(
+    data_source: str, solution_strs: Sequence[str], ground_truths: Sequence[Any], **kwargs: Any
+) -> list[dict]:
+    """Score a batch of one dataset; MBPP programs run in parallel across the execution pool. Keyword arguments
+    go to compute_score (e.g. qa_match)."""
     if len(solution_strs) != len(ground_truths):
         raise ValueError(f"{len(solution_strs)} solutions but {len(ground_truths)} ground truths")
     if dataset_of(data_source) == "mbpp":
         return mbpp.compute_scores(solution_strs, ground_truths)
-    return [compute_score(data_source, s, g) for s, g in zip(solution_strs, ground_truths)]
+    return [compute_score(data_source, s, g, **kwargs) for s, g in zip(solution_strs, ground_truths)]
