@@ -1,5 +1,12 @@
 """retrieval-server: `POST /retrieve {queries, top_k}` → the top passages per query from a FAISS index.
 
+`/retrieve` also speaks Search-R1's retriever API (`search_r1/search/retrieval_server.py` of
+PeterGriffinJin/Search-R1 @ a14dc3a, which verl's `verl/tools/utils/search_r1_like_utils.py` @ 55e3c5b calls): a
+request with `topk` or `return_scores` is answered `{"result": [[hit, ...], ...]}`, each hit a document `{"id",
+"contents"}` whose contents are wiki-18's (the title in double quotes, a newline, the text), wrapped as
+`{"document": ..., "score": ...}` with return_scores. Our own requests (`top_k` or neither) keep `{"results": ...}`;
+a request naming both APIs' fields is refused (422).
+
 `build-index` embeds a SQuAD-format corpus (default: the 2,067 SQuAD dev paragraphs of the data mirror)
 with MiniLM under a progress bar, writes the index to the store and reports recall@k on the corpus's
 questions. `serve` loads the index from the store, building it first when the store has none.
@@ -41,8 +48,14 @@ MAX_QUERY_CHARS = 4000
 
 
 class RetrieveRequest(BaseModel):
+    """This server's request (`top_k`), or Search-R1's (`topk`, `return_scores`), answered in Search-R1's shape."""
+
     queries: list[str] = Field(min_length=1, examples=[["Which team won Super Bowl 50?"]])
     top_k: int | None = Field(None, ge=1, description="Passages per query; the server's default when omitted.")
+    topk: int | None = Field(None, ge=1, description="Search-R1's name for top_k; the answer is then in Search-R1's "
+                                                     "shape (`result`). Not together with top_k.")
+    return_scores: bool = Field(False, description="Search-R1's: wrap each document as {document, score}; the answer "
+                                                   "is then in Search-R1's shape (`result`).")
 
 
 class Hit(BaseModel):
@@ -55,6 +68,32 @@ class Hit(BaseModel):
 class RetrieveResponse(BaseModel):
     results: list[list[Hit]]
     """One ranked list per query, best first."""
+
+
+class SearchR1Document(BaseModel):
+    """A passage as Search-R1's wiki-18 corpus stores it."""
+
+    id: str
+    contents: str = Field(description='The title in double quotes on the first line, then the text: "Title"\\ntext.')
+
+
+class SearchR1ScoredDocument(BaseModel):
+    """A Search-R1 hit with return_scores."""
+
+    document: SearchR1Document
+    score: float
+
+
+class SearchR1Response(BaseModel):
+    """Search-R1's answer: one ranked list per query, best first; scored documents with return_scores, else the bare
+    documents."""
+
+    result: list[list[SearchR1ScoredDocument]] | list[list[SearchR1Document]]
+
+
+def search_r1_hit(hit: Hit, with_score: bool) -> SearchR1ScoredDocument | SearchR1Document:
+    document = SearchR1Document(id=hit.id, contents=f'"{hit.title}"\n{hit.text}')
+    return SearchR1ScoredDocument(document=document, score=hit.score) if with_score else document
 
 
 class Retriever:
@@ -80,12 +119,19 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
                                                 for k in ("name", "kind", "passages", "model")})
     router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
 
-    @router.post("/retrieve", response_model=RetrieveResponse)
-    def retrieve(request: RetrieveRequest) -> RetrieveResponse:
-        """The top_k passages for every query, best first, with cosine scores."""
-        k = request.top_k or default_top_k
+    @router.post("/retrieve", response_model=RetrieveResponse | SearchR1Response)
+    def retrieve(request: RetrieveRequest) -> RetrieveResponse | SearchR1Response:
+        """The top_k passages for every query, best first, with cosine scores: `{results}` for this server's request,
+        `{result}` (Search-R1's retriever API) for a request with `topk` or `return_scores`."""
+        search_r1 = sorted({"topk", "return_scores"} & request.model_fields_set)
+        if search_r1 and "top_k" in request.model_fields_set:
+            raise ServiceError(422, "mixed_request", f"the request names both top_k and {' and '.join(search_r1)}: "
+                                                     "send top_k (answered as {results}) or Search-R1's topk and "
+                                                     "return_scores (answered as {result}), not both")
+        k_field = "topk" if search_r1 else "top_k"
+        k = request.topk or request.top_k or default_top_k
         if k > max_top_k:
-            raise ServiceError(422, "top_k_too_large", f"top_k {k} exceeds the limit of {max_top_k}")
+            raise ServiceError(422, "top_k_too_large", f"{k_field} {k} exceeds the limit of {max_top_k}")
         if len(request.queries) > max_queries:
             raise ServiceError(422, "too_many_queries", f"{len(request.queries)} queries exceed the limit of "
                                                         f"{max_queries}; split the batch")
@@ -95,9 +141,12 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
                                                          "characters")
         results = retriever.retrieve(request.queries, k)
         # One line per call: the search tool's traffic, readable in the service log (query cut to 80 characters).
-        logger.info("search: %d quer%s, top_k=%d, first %r -> %s", len(request.queries),
+        logger.info("search: %d quer%s, top_k=%d, first %r -> %s%s", len(request.queries),
                     "y" if len(request.queries) == 1 else "ies", k, request.queries[0][:80],
-                    results[0][0].title if results[0] else "no hit")
+                    results[0][0].title if results[0] else "no hit", " (Search-R1 API)" if search_r1 else "")
+        if search_r1:
+            return SearchR1Response(result=[[search_r1_hit(h, request.return_scores) for h in hits]
+                                            for hits in results])
         return RetrieveResponse(results=results)
 
     app.include_router(router)
