@@ -42,14 +42,14 @@ def test_every_source_maps_to_a_weight_table():
     assert {dataset_of(s) for s in DATA_SOURCES} == set(WEIGHTS)
 
 
-def _trl_call(func, completions, truths):
+def _trl_call(func, completions, truths, data_source="openai/gsm8k"):
     """The keyword arguments TRL 1.16's GRPOTrainer._calculate_rewards passes."""
     n = len(completions)
     return func(
         prompts=[[{"role": "user", "content": "q"}]] * n,
         completions=completions,
         completion_ids=[[1, 2]] * n,
-        data_source=["openai/gsm8k"] * n,
+        data_source=[data_source] * n,
         ability=["math"] * n,
         reward_model=[{"style": "rule", "ground_truth": t} for t in truths],
         extra_info=[{"index": i} for i in range(n)],
@@ -129,3 +129,33 @@ def test_score_file_unknown_dataset_or_missing_file(tmp_path):
 
     with pytest.raises(DataError, match="not found"):
         list(score_file("gsm8k", tmp_path / "missing.jsonl"))
+
+
+def test_trl_tool_run_completions_keep_their_think_block(tiny_model_dir):
+    """With tools, TRL parses completions with the chat template's response schema, which moves <think> into
+    `reasoning_content`; the rewards must still see it (thinking and format components)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, parse_response
+
+    from verl_grpo.trainers.trl.tools import with_tool_template
+
+    tokenizer = add_response_schema(with_tool_template(AutoTokenizer.from_pretrained(tiny_model_dir), "tiny"))
+
+    def parsed(text: str) -> dict:
+        return parse_response(tokenizer, tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"])
+
+    answer = "<think>Doc 1 says the Broncos won.</think><answer>Denver Broncos</answer>"
+    assert parsed(answer).get("reasoning_content")  # what TRL hands the reward functions
+    truth = '{"target": ["Denver Broncos"]}'
+    funcs, weights = trl_reward_functions("squad")
+    call = parsed('<think>Look it up.</think><tool_call>\n{"name": "search", "arguments": {"query": "Super Bowl 50"}}'
+                  "\n</tool_call>")
+    assert call["tool_calls"] and call["content"] == ""
+    single = [parsed(answer)]
+    multi = [call, {"role": "tool", "name": "search", "content": "Doc 1(Title: Super Bowl 50) ..."}, parsed(answer)]
+    for completion, raw in ((single, answer), (multi, "<think>Look it up.</think>" + answer)):
+        per_func = [_trl_call(f, [completion], [truth], "squad") for f in funcs]
+        expected = compute_score("squad", raw, truth)
+        assert sum(w * col[0] for w, col in zip(weights, per_func)) == pytest.approx(expected["score"])
+        assert expected["thinking"] == 1.0
+    assert compute_score("squad", answer, truth)["score"] == 1.0

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from verl_grpo.errors import DataError
+from verl_grpo.formats import THINK_CLOSE, THINK_OPEN
 from verl_grpo.rewards.scoring import WEIGHTS, compute_scores, dataset_of
 
 _CACHE_SIZE = 8192
@@ -66,12 +67,21 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, str):
         return completion
     if isinstance(completion, dict):
-        return str(completion.get("content") or "")
+        return message_text(completion)
     if isinstance(completion, (list, tuple)):
-        parts = [m.get("content") or "" for m in completion
-                 if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
-        return "".join(p if isinstance(p, str) else _content_text(p) for p in parts)
+        return "".join(message_text(m) for m in completion
+                       if isinstance(m, dict) and m.get("role", "assistant") == "assistant")
     raise DataError(f"completion of type {type(completion).__name__} is neither text nor a list of chat messages")
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """What the model wrote in one assistant message. TRL parses a tool run's completions with the chat template's
+    response schema, which moves the <think> block out of `content` into `reasoning_content`: it goes back in front,
+    where the model wrote it, or the thinking and format components would never see it."""
+    content = message.get("content") or ""
+    text = content if isinstance(content, str) else _content_text(content)
+    reasoning = message.get("reasoning_content")
+    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{text}" if reasoning else text
 
 
 def _content_text(content: Any) -> str:
