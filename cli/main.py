@@ -98,6 +98,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
                f" (base {summary['base_accuracy']:.4f}, delta {delta:+.4f})")
     if summary.get("grpo"):
         click.echo(f"  GRPO's own share  {summary['grpo']}")
+    if summary.get("tools"):
+        click.echo(f"  search tool       {summary['tools'].removeprefix('search tool: ')}")
     click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  "
                f"({summary['decision']})")
     for line in summary.get("warnings", []):
@@ -112,7 +114,7 @@ def _print_where_to_look(summary: dict, cfg) -> None:
         click.echo(f"  cloud cost        {summary['cloud_cost']}")
     click.echo(f"  {metrics_heading(summary)}")
     for line in outcome_lines(summary)[2:]:
-        if line == summary.get("grpo"):  # printed above, as "GRPO's own share"
+        if line in (summary.get("grpo"), summary.get("tools")):  # printed above
             continue
         click.echo(f"    {line}")
     click.echo("  learning:")

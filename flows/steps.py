@@ -7,13 +7,14 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from flows.task_runners import task_runner
-from tasks.evaluate import submit_eval
+from tasks.evaluate import evaluate_without_tools, submit_eval
 from tasks.prepare import prepare_data
 from tasks.provision import provision, teardown
 from tasks.register import register
 from tasks.train import train, train_tag
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
+from verl_grpo.evaluate.eval_tools import uses_tools
 from verl_grpo.evaluate.held_out import RunModel, WarmStartModel, warm_start_model
 
 
@@ -28,14 +29,18 @@ class PrefectSteps:
         return train.with_options(tags={train_tag(run)})(run, dataset, cluster)
 
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
-        """Base (cached across runs), warm start (when the run had one) and trained model at once, on threads or Ray
-        workers (local or a cluster)."""
+        """Base (cached across runs), warm start (when the run had one) and trained model at once (and, for a run with
+        the search tool, the trained model without it), on threads or Ray workers (local or a cluster)."""
         warm_uri = warm_start_model(run.cfg, run.run_id)
         with task_runner(run.cfg.orchestration) as runner:
             base = submit_eval(runner, run, dataset)
             warm = submit_eval(runner, run, dataset, WarmStartModel(warm_uri)) if warm_uri else None
-            trained = submit_eval(runner, run, dataset, RunModel(run.run_id, result.model_uri))
-            return Evals(base=base.result(), trained=trained.result(), warm_start=warm.result() if warm else None)
+            model = RunModel(run.run_id, result.model_uri)
+            trained = submit_eval(runner, run, dataset, model)
+            plain = runner.submit(evaluate_without_tools, {"run": run, "dataset": dataset, "trained": model}) \
+                if uses_tools(run.cfg) else None
+            return Evals(base=base.result(), trained=trained.result(), warm_start=warm.result() if warm else None,
+                         trained_without_tools=plain.result() if plain else None)
 
     def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion:
         return register(run, dataset, result, evals, tracking_tags(run))

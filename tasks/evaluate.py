@@ -34,6 +34,12 @@ def evaluate_warm_start(run: ResolvedRun, dataset: DatasetVersion, warm_start: W
     return held_out.evaluate_cached_model(run.cfg, dataset, warm_start.model_uri)
 
 
+@task(name="evaluate-without-tools", **RETRIED_STEP)
+def evaluate_without_tools(run: ResolvedRun, dataset: DatasetVersion, trained: RunModel) -> EvalReport | None:
+    """The trained model again with no tool offered (a run with the search tool); None for a run without tools."""
+    return held_out.evaluate_trained_without_tools(run.cfg, dataset, trained.run_id, trained.model_uri)
+
+
 @task(name="evaluate-shard", **RETRIED_STEP)
 def eval_shard(run: ResolvedRun, dataset: DatasetVersion, shard: int, model: EvalTarget) -> EvalShard | None:
     return held_out.generate_shard(run.cfg, dataset, shard, model)

@@ -79,9 +79,12 @@ def publish_summary(outcome: Outcome) -> dict:
     cfg, run_id, result = outcome.run.cfg, outcome.run.run_id, outcome.train
     report, base, warm, version = outcome.evals.trained, outcome.evals.base, outcome.evals.warm_start, outcome.version
     store = outcome.run.store
-    changes = compare_to_base(report, base, EvalTables(store), warm)
+    tables = EvalTables(store)
+    changes = compare_to_base(report, base, tables, warm)
+    plain = outcome.evals.trained_without_tools
     curve = reward_curve(read_lines(store, result.metrics_uri) or [])
-    summary = summary_dict(outcome, changes, curve, curve_png_location(store, run_id))
+    summary = summary_dict(outcome, changes, curve, curve_png_location(store, run_id),
+                           without_tools=compare_to_base(report, plain, tables) if plain else ())
     url = _mlflow_url(cfg.tracking.mlflow_uri, version.mlflow_run_id)
     link = (f"[{version.mlflow_run_id}]({url})" if url
             else f"`{version.mlflow_run_id}` (`{mlflow_ui_command(cfg.tracking.mlflow_uri)}`)")

@@ -42,6 +42,9 @@ class Evals:
     warm_start: EvalReport | None = None
     """The run's warm-start (SFT) model, cached by its files; None for a run without a warm start. Between it and
     `trained` lies what GRPO itself did."""
+    trained_without_tools: EvalReport | None = None
+    """The trained model once more with no tool offered, for a run with the search tool evaluated on this machine
+    (None otherwise): how much of its score the tool carries."""
 
 
 class Steps(Protocol):

@@ -17,7 +17,7 @@ from verl_grpo.stats import mcnemar_exact
 from verl_grpo.store import Store, strip_scheme
 
 # Eval metric → the per-problem column of the eval table it averages, and whether that column is 0/1.
-_PER_PROBLEM = {"accuracy": ("correct", True), "mean_score": ("score", False)}
+_PER_PROBLEM = {"accuracy": ("correct", True), "mean_score": ("score", False), "tool_use_rate": ("searched", True)}
 GRPO_HEADLINES = ("mean_score", "accuracy")
 """The metric `grpo_line` reports, the first an eval has: the weighted total reward (what GRPO optimizes), else
 accuracy."""
@@ -97,6 +97,18 @@ def grpo_line(changes: list[MetricChange]) -> str:
     p = "no paired test" if change.grpo_p_value is None else f"{change.test} p={change.grpo_p_value:.3g}"
     return (f"GRPO added {change.grpo_delta:+.4f} {change.metric} over the warm start "
             f"({change.warm_start:.4f} -> {change.trained:.4f}, {p})")
+
+
+def tools_line(without_tools: list[MetricChange], trained: EvalReport) -> str:
+    """`search tool: used in 35% of the trained model's answers; accuracy 0.4000 with it, 0.1000 without (McNemar
+    p=0.031)`: what the tool carries, from `compare_to_base(trained, trained_without_tools, ...)`; "" without."""
+    change = next((c for c in without_tools if c.metric == "accuracy"), None)
+    if change is None or change.trained is None or change.base is None:
+        return ""
+    p = "no paired test" if change.p_value is None else f"{change.test} p={change.p_value:.3g}"
+    used = trained.metrics.get("tool_use_rate")
+    share = f"used in {used:.0%} of the trained model's answers; " if used is not None else ""
+    return f"search tool: {share}accuracy {change.trained:.4f} with it, {change.base:.4f} without ({p})"
 
 
 def _paired(later: pd.DataFrame, earlier: pd.DataFrame, column: str | None, binary: bool) -> tuple[float | None, str]:

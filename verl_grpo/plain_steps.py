@@ -141,9 +141,14 @@ def cloud_cost(run: ResolvedRun) -> RunCost | None:
 
 
 def teardown(run: ResolvedRun, cluster: Cluster) -> None:
+    """The cluster down, and the services this process started for its evaluations (evaluate.eval_tools)."""
+    from verl_grpo.evaluate.eval_tools import stop_eval_services
     from verl_grpo.providers import get_provider
 
-    get_provider(run.cfg.infra.provider).down(cluster)
+    try:
+        get_provider(run.cfg.infra.provider).down(cluster)
+    finally:
+        stop_eval_services()
 
 
 @dataclass
@@ -162,12 +167,20 @@ class PlainSteps:
         return train(run, dataset, cluster, on_line=self.on_line)
 
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
-        from verl_grpo.evaluate.held_out import evaluate_base, evaluate_cached_model, evaluate_trained, warm_start_model
+        from verl_grpo.evaluate.held_out import (
+            evaluate_base,
+            evaluate_cached_model,
+            evaluate_trained,
+            evaluate_trained_without_tools,
+            warm_start_model,
+        )
 
         warm_uri = warm_start_model(run.cfg, run.run_id)
         return Evals(base=evaluate_base(run.cfg, dataset),
                      trained=evaluate_trained(run.cfg, dataset, run.run_id, result.model_uri, on_line=self.on_line),
-                     warm_start=evaluate_cached_model(run.cfg, dataset, warm_uri) if warm_uri else None)
+                     warm_start=evaluate_cached_model(run.cfg, dataset, warm_uri) if warm_uri else None,
+                     trained_without_tools=evaluate_trained_without_tools(run.cfg, dataset, run.run_id,
+                                                                          result.model_uri))
 
     def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion:
         return register(run, dataset, result, evals)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verl_grpo.chain import Outcome
-from verl_grpo.comparison import MetricChange, grpo_line
+from verl_grpo.comparison import MetricChange, grpo_line, tools_line
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import ModelVersion
 from verl_grpo.mirrors import warning_line
@@ -16,10 +16,11 @@ from verl_grpo.reward_curve import curve_markdown, curve_text
 
 
 def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: dict | None = None,
-                 curve_png: str = "") -> dict:
+                 curve_png: str = "", without_tools: Sequence[MetricChange] = ()) -> dict:
     """A registered run's outcome as flat facts, plus `metrics`: base → (warm start →) trained per eval metric with
-    the paired p-value of each step, `grpo` (what GRPO added over the warm start, "" without one) and `reward_curve`
-    (verl_grpo.reward_curve.reward_curve of the run's metrics; None when it logged no reward)."""
+    the paired p-value of each step, `grpo` (what GRPO added over the warm start, "" without one), `tools` (what the
+    search tool carries, from `without_tools`: the trained model compared to itself without the tool; "" without)
+    and `reward_curve` (verl_grpo.reward_curve.reward_curve of the run's metrics; None when it logged no reward)."""
     if outcome.evals is None or outcome.version is None:
         raise ValueError(f"run {outcome.run.run_id}: a summary needs the run's evals and registered version")
     cfg, run_id, dataset, result = outcome.run.cfg, outcome.run.run_id, outcome.dataset, outcome.train
@@ -38,6 +39,7 @@ def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: 
         "delta": None if acc is None or base_acc is None else acc - base_acc,
         **({"warm_start_accuracy": warm_start.metrics.get("accuracy")} if warm_start is not None else {}),
         "grpo": grpo_line(list(changes)),
+        "tools": tools_line(list(without_tools), report),
         "registered": f"{version.name} v{version.version}",
         "aliases": ", ".join(version.aliases),
         "decision": version.decision,
@@ -113,6 +115,8 @@ def outcome_lines(summary: dict) -> list[str]:
              f"registered: {summary['registered']} (aliases: {summary['aliases'] or '-'})"]
     if summary.get("grpo"):
         lines.append(summary["grpo"])
+    if summary.get("tools"):
+        lines.append(summary["tools"])
     for m in summary.get("metrics", []):
         if "warm_start" in m:
             steps = [(who, step) for who, step in (("warm start", "warm_start"), ("GRPO", "grpo"))
@@ -158,8 +162,9 @@ def summary_markdown(summary: dict, mlflow_link: str) -> str:
                             f"{_p(m)} |"
                             for m in rows)
     grpo = f"**GRPO's own share:** {summary['grpo']}\n\n" if summary.get("grpo") else ""
+    grpo += f"**Search tool:** {summary['tools'].removeprefix('search tool: ')}\n\n" if summary.get("tools") else ""
     facts = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in summary.items()
-                      if k not in ("metrics", "reward_curve", "warnings", "async_loop", "grpo"))
+                      if k not in ("metrics", "reward_curve", "warnings", "async_loop", "grpo", "tools"))
     warnings = "".join(f"**Warning:** {line}\n\n" for line in summary.get("warnings", []))
     curve = summary.get("reward_curve")
     learning = curve_markdown(curve) if curve else "No reward was logged per step."

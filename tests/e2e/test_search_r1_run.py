@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from prefect_serving import processes_with_env
 
 from verl_grpo import plain_steps
 from verl_grpo.config import load_config
@@ -40,7 +41,7 @@ def test_search_calls_reach_the_retrieval_server_and_the_call_rate_is_tracked(ti
         "algorithm.total_steps=2", "algorithm.max_response_length=96",  # the call is 59 tiny-BPE tokens
         "algorithm.temperature=0.3",  # the tiny model's call JSON survives sampling at a low temperature
         "warm_start.enabled=true", "warm_start.search_share=1.0", "warm_start.steps=200", "warm_start.batch_size=2",
-        "warm_start.lr=3e-3", "eval.limit=4",
+        "warm_start.lr=3e-3", "eval.limit=4", "eval.max_new_tokens=96",  # the eval's responses may search too
     ]
     lines: list[str] = []
     outcome = plain_steps.run_pipeline(["gsm8k"], overrides, on_line=lines.append)
@@ -64,4 +65,19 @@ def test_search_calls_reach_the_retrieval_server_and_the_call_rate_is_tracked(ti
     client = MlflowClient(tracking_uri=cfg.tracking.mlflow_uri)
     history = client.get_metric_history(outcome.version.mlflow_run_id, "train/tools/call_frequency")
     assert [(m.step, m.value) for m in history] == [(r["step"], r["tools/call_frequency"]) for r in records]
-    print(f"search calls: {len(calls)}; tool-call rate per step: {rates}; queries: {calls[:4]}")
+    # The evaluations offer the tool too (base, warm start and trained alike), answered by a retrieval-server of
+    # their own; the run's teardown stopped it.
+    for report in (outcome.evals.base, outcome.evals.warm_start, outcome.evals.trained):
+        assert 0 <= report.metrics["tool_use_rate"] <= 1 and "tool_calls_per_response" in report.metrics
+    assert outcome.evals.trained.metrics["tool_use_rate"] > 0
+    # ... and the trained model once more without it: the same problems, no tool offered
+    plain = outcome.evals.trained_without_tools
+    assert plain.n == outcome.evals.trained.n and "tool_use_rate" not in plain.metrics
+    assert plain.settings_key != outcome.evals.trained.settings_key
+    [eval_log] = (state_dir() / "work" / "eval-services").glob("*/services/retrieval-server.log")
+    eval_calls = len(re.findall(r"search: 1 query", eval_log.read_text()))
+    assert eval_calls == round(sum(r.metrics["tool_calls_per_response"] * r.n for r in (
+        outcome.evals.base, outcome.evals.warm_start, outcome.evals.trained)))
+    assert not [p for p in processes_with_env(f"VERL_GRPO_HOME={state_dir()}") if "retrieval_server" in p]
+    print(f"search calls: {len(calls)}; tool-call rate per step: {rates}; queries: {calls[:4]}; eval tool use "
+          f"{outcome.evals.trained.metrics['tool_use_rate']}")

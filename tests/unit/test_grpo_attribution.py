@@ -122,3 +122,38 @@ def test_side_by_side_puts_each_models_response_beside_the_others_and_flipped_pr
                        "warm_start_score": 1.0, "trained_response": "t-b", "trained_correct": True,
                        "trained_score": 1.0, "flip": "fixed"}
     assert "warm_start_response" not in side_by_side(trained, base).columns
+
+
+def test_a_run_with_the_search_tool_states_what_the_tool_carries(three, capsys):
+    """The trained model evaluated again without the tool: the same problems, McNemar on right/wrong, and the share
+    of answers that searched; in the CLI, the artifact and the outcome lines."""
+    from verl_grpo.comparison import tools_line
+    from verl_grpo.registry.register import without_tools_metrics
+
+    store, base, warm, trained = three
+    searched = [1 if i % 2 == 0 else 0 for i in range(N)]
+    with_tool = _report(store, "with-tool", [1 if i % 3 == 0 else 0 for i in range(N)], [0.5] * N)
+    table = pd.read_parquet(store.path("with-tool.parquet")).assign(searched=searched)
+    table.to_parquet(store.path("with-tool.parquet"), index=False)
+    with_tool = with_tool.model_copy(update={"metrics": {**with_tool.metrics, "tool_use_rate": 0.5}})
+    without = _report(store, "without-tool", [0] * N, [0.5] * N)
+
+    changes = compare_to_base(with_tool, without, EvalTables(store))
+    line = tools_line(changes, with_tool)
+    assert line == ("search tool: used in 50% of the trained model's answers; accuracy 0.3333 with it, 0.0000 "
+                    "without (McNemar p=1.91e-06)")
+    assert tools_line([], with_tool) == ""
+    metrics = without_tools_metrics(without, changes)
+    assert metrics["without_tools.accuracy"] == 0.0
+    assert metrics["pvalue.with_vs_without_tools.accuracy"] == pytest.approx(2 * 0.5 ** 20)
+
+    dataset = DatasetVersion(name="squad", hash="h1", uri="file:///d", splits={}, counts={})
+    result = TrainResult(run_id="run-1", final_step=40, checkpoint=None, model_uri="file:///m", metrics_uri="file:///m")
+    version = ModelVersion(name="verl-grpo-squad", version="1", mlflow_run_id="abc", decision="first")
+    summary = summary_dict(outcome(RunConfig(), dataset, result, with_tool, base, warm, version=version),
+                           compare_to_base(with_tool, base, EvalTables(store), warm), without_tools=changes)
+    assert summary["tools"] == line and line in outcome_lines(summary)
+    _print_where_to_look(summary, RunConfig())
+    out = capsys.readouterr().out
+    assert f"  search tool       {line.removeprefix('search tool: ')}" in out and out.count(line[13:]) == 1
+    assert f"**Search tool:** {line.removeprefix('search tool: ')}" in summary_markdown(summary, "abc")

@@ -52,6 +52,12 @@ class Generation:
     """Generated tokens including the end-of-sequence token when the model emitted one."""
     finished: bool
     """False when the budget ran out before an end-of-sequence token."""
+    ids: tuple[int, ...] = ()
+    """The generated token ids (through the end-of-sequence token); empty from generators that do not keep them."""
+    tool_calls: int | None = None
+    """Tool calls the response made (evaluate.tool_loop); None when no tool was offered."""
+    transcript: str = ""
+    """With tools: everything after the prompt, the tool results included, special tokens kept."""
 
 
 class Generator(Protocol):
@@ -109,8 +115,11 @@ def load_model(model_dir: Path, dtype: str = "float32") -> tuple[Any, PreTrained
     return model, tokenizer
 
 
-def render_prompts(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
-    return [tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False) for c in conversations]
+def render_prompts(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[list[dict[str, str]]],
+                   tools: list[dict] | None = None) -> list[str]:
+    """Each conversation through the chat template, with the generation prompt (and the tool list, when given)."""
+    return [tokenizer.apply_chat_template(list(c), tools=tools, add_generation_prompt=True, tokenize=False)
+            for c in conversations]
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
@@ -167,7 +176,8 @@ def _generation_config(model: Any, tokenizer: PreTrainedTokenizerBase, params: G
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int], eos_ids: set[int]) -> Generation:
     end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), None)
     kept = ids if end is None else ids[:end]
-    return Generation(text=tokenizer.decode(kept, skip_special_tokens=True), tokens=len(kept), finished=end is not None)
+    return Generation(text=tokenizer.decode(kept, skip_special_tokens=True), tokens=len(kept), finished=end is not None,
+                      ids=tuple(kept))
 
 
 def _as_list(value: int | list[int] | None) -> list[int]:

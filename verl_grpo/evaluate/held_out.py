@@ -7,6 +7,7 @@
   `evaluate_cached_model` asks the same of any model directory, store URI or name.
 - `warm_start_model` + `evaluate_cached_model`: how good was the run's warm start (SFT) alone? Through the cache
   too (a resumed run does not evaluate it again); what lies between it and the trained model is GRPO's doing.
+- `evaluate_trained_without_tools`: for a run with the search tool, how good is its trained model without it?
 - `evaluate_champion`: how good is the registered champion under tonight's settings? Also through the cache.
 - `shard_count`, `generate_shard`, `score_shards`: the trained or base model's eval split over eval.shards tasks
   that run concurrently; `score_shards` gives exactly the report one unsharded call gives.
@@ -25,6 +26,7 @@ from pathlib import Path
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import InfraError
+from verl_grpo.evaluate.eval_tools import uses_tools
 from verl_grpo.evaluate.runner import (
     EvalShard,
     Progress,
@@ -53,6 +55,9 @@ class WarmStartModel:
     model_uri: str
 
 
+WITHOUT_TOOLS = "without-tools"
+"""Suffix of the split name under which a run's trained model evaluated without its tools is stored."""
+
 EvalTarget = RunModel | WarmStartModel | None
 """Which model an eval task runs: a run's trained model, its warm start, or (None) the base model."""
 
@@ -78,6 +83,30 @@ def evaluate_trained(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model
                             progress=progress)
     write_run_report(store, run_id, report)
     return report
+
+
+def evaluate_trained_without_tools(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model_uri: str, *,
+                                   progress: Progress | None = None) -> EvalReport | None:
+    """The trained model of a run with tools, evaluated again on this machine with none offered (its report beside
+    the run's, split `<split>-without-tools`); None for a run without tools, or one its provider evaluates on the
+    cluster (vLLM generation there offers no tool)."""
+    from verl_grpo.providers import get_provider
+
+    if not uses_tools(cfg) or get_provider(cfg.infra.provider).evaluates_on_cluster:
+        return None
+    store = Store.from_config(cfg.storage)
+    split = f"{cfg.eval.split}-{WITHOUT_TOOLS}"
+    report = evaluate_model(without_tools(cfg), model_uri, dataset, store, out_rel=eval_table(run_id, split),
+                            progress=progress)
+    store.write_text(report.model_dump_json(indent=1), eval_report(run_id, split))
+    return report
+
+
+def without_tools(cfg: RunConfig) -> RunConfig:
+    """The run's config with no tool for its evaluation (the retrieval-server left out)."""
+    plain = cfg.model_copy(deep=True)
+    plain.services.enabled = [name for name in cfg.services.enabled if name != "retrieval"]
+    return plain
 
 
 def evaluate_base(cfg: RunConfig, dataset: DatasetVersion, *, progress: Progress | None = None) -> EvalReport:

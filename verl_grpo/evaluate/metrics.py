@@ -70,6 +70,10 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         values = [float(r[key]) for r in rows if r.get(key) is not None and not _is_nan(r[key])]
         if values:
             metrics[key] = sum(values) / len(values)
+    with_tools = [int(r["tool_calls"]) for r in rows if r.get("tool_calls") is not None]
+    if with_tools:  # the eval offered tools: how many answers used one (the search share), and how often
+        metrics["tool_use_rate"] = sum(calls > 0 for calls in with_tools) / len(with_tools)
+        metrics["tool_calls_per_response"] = sum(with_tools) / len(with_tools)
     fmt = next((f"reward/{k}" for k in FORMAT_KEYS if f"reward/{k}" in metrics), None)
     if fmt is not None:
         metrics["format_rate"] = sum(float(r.get(fmt) or 0.0) > 0.5 for r in rows) / n

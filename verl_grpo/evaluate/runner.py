@@ -26,6 +26,7 @@ import pandas as pd
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, DataError, InfraError
+from verl_grpo.evaluate.eval_tools import eval_tools, tool_names, uses_tools
 from verl_grpo.evaluate.generation import Generation, GenerationParams, Generator, HFGenerator, encode_prompts
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
@@ -62,8 +63,10 @@ class EvalShard:
     sampled: list[list[Generation]] | None = None
 
 
-def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store) -> EvalPlan:
-    """Load the split, pick the seeded subset and fix generation settings from cfg.eval (no model involved)."""
+def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store, tools: Sequence[str] | None = None) -> EvalPlan:
+    """Load the split, pick the seeded subset and fix generation settings from cfg.eval (no model involved).
+
+    `tools`: what the generator offers the model (default: the run's, `eval_tools.tool_names`)."""
     samples, temperature, top_p = cfg.eval.samples, cfg.eval.temperature, cfg.eval.top_p
     split = cfg.eval.split
     frame = load_split_frame(dataset, split, store)
@@ -80,9 +83,11 @@ def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store) -> EvalPlan
             temperature=cfg.algorithm.temperature if temperature is None else temperature,
             top_p=cfg.algorithm.top_p if top_p is None else top_p, seed=cfg.eval.seed,
         )
+    tools = tool_names(cfg) if tools is None else list(tools)
     blob = json.dumps({
         "dataset": dataset.hash, "split": split, "subset": subset_digest(problems), "greedy": greedy.key_fields(),
         "sampled": sampled.key_fields() if sampled else None,
+        **({"tools": tools, "max_tool_turns": cfg.services.retrieval.max_tool_turns} if tools else {}),
     }, sort_keys=True)
     return EvalPlan(problems, greedy, sampled, hashlib.sha256(blob.encode()).hexdigest()[:16], split)
 
@@ -191,6 +196,8 @@ def score_problems(
         row = {"id": problem.id, "index": problem.index, "data_source": problem.data_source, "prompt": prompt,
                "response": gen.text, "ground_truth": problem.ground_truth, "response_tokens": gen.tokens,
                "finished": gen.finished, **scored}
+        if gen.tool_calls is not None:
+            row.update(tool_calls=gen.tool_calls, searched=gen.tool_calls > 0, transcript=gen.transcript)
         if sampled is not None:
             results = [score_row(scorer, problem.data_source, s.text, problem.ground_truth, problem.extra_info,
                                  components) for s in sampled[i]]
@@ -315,10 +322,16 @@ def _progress_reporter(progress: Progress | None, total: int) -> tuple[Callable[
     return (lambda done: bar.update(done - bar.n)), bar.close
 
 
-def _load_generator(cfg: RunConfig, model_dir: Path) -> HFGenerator:
-    """The model on this machine's CPU, capped at eval.threads torch threads (default trainer.threads)."""
+def _load_generator(cfg: RunConfig, model_dir: Path) -> Generator:
+    """The model on this machine's CPU, capped at eval.threads torch threads (default trainer.threads), offered the
+    run's tools (evaluate.eval_tools) when it has any."""
     with _MODEL_LOAD:
-        return HFGenerator(model_dir, cfg.model.dtype, cfg.eval.threads or cfg.trainer.threads)
+        generator = HFGenerator(model_dir, cfg.model.dtype, cfg.eval.threads or cfg.trainer.threads)
+    if not uses_tools(cfg):
+        return generator
+    from verl_grpo.evaluate.tool_loop import ToolLoopGenerator
+
+    return ToolLoopGenerator(generator, eval_tools(cfg), cfg.services.retrieval.max_tool_turns, cfg.model.name)
 
 
 def _prompt_lengths(generator: Generator, prompts: Sequence[str]) -> list[int]:

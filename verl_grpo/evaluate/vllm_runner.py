@@ -172,7 +172,7 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
     """Download the model, generate with vLLM, score like the CPU path, write table and report to the store."""
     cfg = spec.run_config()
     store = Store.from_config(cfg.storage)
-    plan = plan_eval(cfg, spec.dataset, store)
+    plan = plan_eval(cfg, spec.dataset, store, tools=[])  # vLLM generation offers no tool yet (evaluate.tool_loop)
     model_dir = resolve_model_dir(spec.model_uri, store)
     generator = _generator(spec, cfg, model_dir)
     report = run_eval(plan, spec.model_uri, generator, store, spec.table_rel, progress=progress)

@@ -112,6 +112,8 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
     changes = compare_to_base(report, base_report, tables, warm_start_report)
     summary = eval_summary(report, base_report, warm_start_report)
     metrics = {**summary, **p_value_metrics(changes), FINAL_STEP_METRIC: train.final_step}
+    if (plain := outcome.evals.trained_without_tools) is not None:
+        metrics.update(without_tools_metrics(plain, compare_to_base(report, plain, tables)))
     tracking.log_metrics(client, mlflow_run_id, metrics, step=train.final_step, model_id=model.model_id)
     _log_artifacts(client, mlflow_run_id, outcome, store, tables)
     if cloud_cost is not None:
@@ -183,6 +185,14 @@ def eval_summary(report: EvalReport, base_report: EvalReport | None,
             out.update({name(prefix, k): v for k, v in earlier.metrics.items()})
             out.update({name(delta, k): v - earlier.metrics[k] for k, v in report.metrics.items()
                         if k in earlier.metrics and k != "n"})
+    return out
+
+
+def without_tools_metrics(plain: EvalReport, changes: list[MetricChange]) -> dict[str, float]:
+    """`without_tools.<m>` (the trained model with no tool offered) and `pvalue.with_vs_without_tools.<m>`."""
+    out = {tracking.value_name("without_tools", k): v for k, v in plain.metrics.items()}
+    out.update({tracking.value_name("pvalue", "with_vs_without_tools", c.metric): c.p_value for c in changes
+                if c.p_value is not None})
     return out
 
 

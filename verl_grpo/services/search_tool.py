@@ -18,6 +18,8 @@ kept, as Search-R1's client renders it) and the rest as the text.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,23 @@ def search(query: str, top_k: int = DEFAULT_TOP_K) -> str:
         query: What to look up, as a question or keywords.
         top_k: How many passages to return (1 to 10).
     """
+    return _search(ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2), query, top_k)
+
+
+def search_at(url: str, token: str | None) -> Callable[..., str]:
+    """`search` answered by the retrieval-server at `url` with `token` rather than the environment's: the same name,
+    docstring and signature, so the model is offered the schema training offered."""
+
+    @functools.wraps(search)
+    def bound(query: str, top_k: int = DEFAULT_TOP_K) -> str:
+        return _search(ServiceClient(url, token=token, timeout_s=30.0, retries=2), query, top_k)
+
+    return bound
+
+
+def _search(client: ServiceClient, query: str, top_k: int) -> str:
     top_k = max(1, min(int(top_k), MAX_TOP_K))
-    with ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2) as client:
+    with client:
         result = client.post("/retrieve", {"queries": [query], "top_k": top_k})
     return format_passages(result["results"][0])
 

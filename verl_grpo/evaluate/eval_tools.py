@@ -1,0 +1,77 @@
+"""The tools of an evaluation on this machine: the run's own tools, offered to every model the run evaluates.
+
+With `retrieval` in services.enabled the model trained with the `search` tool, so it is evaluated with it too (and
+the base and warm-start models with it, so the comparison is like for like). The run's retrieval-server stops with
+its training; the evaluation starts one of its own from the same settings (the index comes back from the store,
+`retrieval/<index>/`), once per process and index, shared by every model evaluated in the process. It runs with
+`--exit-with-parent`, so it ends with the process; `stop_eval_services` ends it sooner.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from verl_grpo.config import RunConfig
+from verl_grpo.local_paths import state_dir
+
+EVAL_SERVICES_DIR = "eval-services"
+"""Under the state dir's work/: one directory per retrieval setting, holding the eval's retrieval-server."""
+
+_lock = threading.Lock()
+_running: dict[str, tuple[Path, str, str]] = {}
+"""Settings key → (work dir, URL, token) of the retrieval-servers this process started."""
+
+
+def uses_tools(cfg: RunConfig) -> bool:
+    return "retrieval" in cfg.services.enabled
+
+
+def tool_names(cfg: RunConfig) -> list[str]:
+    """What the eval offers the model (part of the eval settings key: results with and without tools differ)."""
+    return ["search"] if uses_tools(cfg) else []
+
+
+def eval_tools(cfg: RunConfig) -> list[Callable[..., str]]:
+    """The run's tools, answered by services of this process's own (started on first use); [] without retrieval."""
+    if not uses_tools(cfg):
+        return []
+    from verl_grpo.services.search_tool import search_at
+
+    url, token = _retrieval_server(cfg)
+    return [search_at(url, token)]
+
+
+def stop_eval_services() -> None:
+    """Stop every retrieval-server this process started for evaluations."""
+    from verl_grpo.services.local_group import stop_local_services
+
+    with _lock:
+        for workdir, _, _ in _running.values():
+            stop_local_services(workdir, delay_s=0)
+        _running.clear()
+
+
+def _retrieval_server(cfg: RunConfig) -> tuple[str, str]:
+    from verl_grpo.services import SERVICES
+    from verl_grpo.services.local_group import start_local_services
+
+    settings = cfg.services.retrieval.model_dump(mode="json")
+    key = json.dumps({"retrieval": settings, "store": cfg.storage.uri}, sort_keys=True)
+    with _lock:
+        if key not in _running:
+            import hashlib
+
+            workdir = state_dir() / "work" / EVAL_SERVICES_DIR / hashlib.sha256(key.encode()).hexdigest()[:12]
+            only = cfg.model_copy(deep=True)
+            only.services.enabled = ["retrieval"]
+            group = start_local_services(only, "eval", workdir)
+            if not _running:
+                atexit.register(stop_eval_services)
+            _running[key] = (workdir, group.endpoints[SERVICES["retrieval"].task],
+                             Path(group.token_file).read_text().strip())
+        _, url, token = _running[key]
+    return url, token
