@@ -14,8 +14,8 @@ from tasks.register import register
 from tasks.train import train, train_tag
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
-from verl_grpo.evaluate.eval_tools import uses_tools
 from verl_grpo.evaluate.held_out import RunModel, WarmStartModel, warm_start_model
+from verl_grpo.trainers.trl.tools import uses_search
 
 
 class PrefectSteps:
@@ -38,7 +38,7 @@ class PrefectSteps:
             model = RunModel(run.run_id, result.model_uri)
             trained = submit_eval(runner, run, dataset, model)
             plain = runner.submit(evaluate_without_tools, {"run": run, "dataset": dataset, "trained": model}) \
-                if uses_tools(run.cfg) else None
+                if uses_search(run.cfg) else None
             return Evals(base=base.result(), trained=trained.result(), warm_start=warm.result() if warm else None,
                          trained_without_tools=plain.result() if plain else None)
 

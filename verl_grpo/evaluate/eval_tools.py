@@ -10,6 +10,7 @@ its training; the evaluation starts one of its own from the same settings (the i
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import threading
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.local_paths import state_dir
+from verl_grpo.trainers.trl.tools import uses_search
 
 EVAL_SERVICES_DIR = "eval-services"
 """Under the state dir's work/: one directory per retrieval setting, holding the eval's retrieval-server."""
@@ -26,18 +28,14 @@ _running: dict[str, tuple[Path, str, str]] = {}
 """Settings key → (work dir, URL, token) of the retrieval-servers this process started."""
 
 
-def uses_tools(cfg: RunConfig) -> bool:
-    return "retrieval" in cfg.services.enabled
-
-
 def tool_names(cfg: RunConfig) -> list[str]:
     """What the eval offers the model (part of the eval settings key: results with and without tools differ)."""
-    return ["search"] if uses_tools(cfg) else []
+    return ["search"] if uses_search(cfg) else []
 
 
 def eval_tools(cfg: RunConfig) -> list[Callable[..., str]]:
     """The run's tools, answered by services of this process's own (started on first use); [] without retrieval."""
-    if not uses_tools(cfg):
+    if not uses_search(cfg):
         return []
     from verl_grpo.services.search_tool import search_at
 
@@ -63,8 +61,6 @@ def _retrieval_server(cfg: RunConfig) -> tuple[str, str]:
     key = json.dumps({"retrieval": settings, "store": cfg.storage.uri}, sort_keys=True)
     with _lock:
         if key not in _running:
-            import hashlib
-
             workdir = state_dir() / "work" / EVAL_SERVICES_DIR / hashlib.sha256(key.encode()).hexdigest()[:12]
             only = cfg.model_copy(deep=True)
             only.services.enabled = ["retrieval"]

@@ -26,7 +26,6 @@ from pathlib import Path
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import InfraError
-from verl_grpo.evaluate.eval_tools import uses_tools
 from verl_grpo.evaluate.runner import (
     EvalShard,
     Progress,
@@ -38,6 +37,7 @@ from verl_grpo.evaluate.runner import (
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_report, eval_table, warm_start_model_dir, warm_start_result
+from verl_grpo.trainers.trl.tools import uses_search
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def evaluate_trained_without_tools(cfg: RunConfig, dataset: DatasetVersion, run_
     cluster (vLLM generation there offers no tool)."""
     from verl_grpo.providers import get_provider
 
-    if not uses_tools(cfg) or get_provider(cfg.infra.provider).evaluates_on_cluster:
+    if not uses_search(cfg) or get_provider(cfg.infra.provider).evaluates_on_cluster:
         return None
     store = Store.from_config(cfg.storage)
     split = f"{cfg.eval.split}-{WITHOUT_TOOLS}"

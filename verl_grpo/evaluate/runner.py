@@ -26,13 +26,14 @@ import pandas as pd
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, DataError, InfraError
-from verl_grpo.evaluate.eval_tools import eval_tools, tool_names, uses_tools
+from verl_grpo.evaluate.eval_tools import eval_tools, tool_names
 from verl_grpo.evaluate.generation import Generation, GenerationParams, Generator, HFGenerator, encode_prompts
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
+from verl_grpo.trainers.trl.tools import uses_search
 
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]
@@ -327,7 +328,7 @@ def _load_generator(cfg: RunConfig, model_dir: Path) -> Generator:
     run's tools (evaluate.eval_tools) when it has any."""
     with _MODEL_LOAD:
         generator = HFGenerator(model_dir, cfg.model.dtype, cfg.eval.threads or cfg.trainer.threads)
-    if not uses_tools(cfg):
+    if not uses_search(cfg):
         return generator
     from verl_grpo.evaluate.tool_loop import ToolLoopGenerator
 
