@@ -31,7 +31,7 @@ def test_trajectory_is_a_search_call_then_an_answer_from_the_returned_passage():
     assert tool_call["function"]["name"] == "search"
     question = call.prompt[1]["content"]
     title = next(p.title for p in PASSAGES if any(q.question == question and q.passage_id == p.id for q in QUESTIONS))
-    assert tool_call["function"]["arguments"] == {"query": title}
+    assert tool_call["function"]["arguments"] == {"query": question}  # the question finds its paragraph best
     assert [m["role"] for m in answer.prompt] == ["system", "user", "assistant", "tool"]
     assert answer.prompt[3]["content"].startswith(f"Doc 1(Title: {title}) ")
     truth = next(q.answer for q in QUESTIONS if q.question == question)

@@ -19,7 +19,15 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.services.retrieval_index import Passage, RetrievalIndex, make_faiss_index
 from verl_grpo.services.retrieval_server import Retriever, build_app
-from verl_grpo.services.search_tool import SearchTool, tool_config_path, validate_tool_config
+from verl_grpo.services.search_tool import (
+    TRUNCATED,
+    SearchTool,
+    bound_search,
+    clip_result,
+    search,
+    tool_config_path,
+    validate_tool_config,
+)
 
 TOKEN = "tok"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -242,3 +250,23 @@ def test_search_r1_tool_config_loads_with_verls_loader(monkeypatch):
     assert tool.retriever_api == "verl_grpo" and tool.top_k == 3
     parameters = tool.tool_schema.function.parameters
     assert parameters.required == ["query_list"] and parameters.properties["query_list"].type == "array"
+
+
+def test_the_trl_and_eval_search_asks_the_servers_default_and_cuts_results_as_verl_does(server_url, token_env):
+    """TRL's rollouts and the eval call `search(query)`: without top_k the server's default_top_k (2 here, the
+    run's services.retrieval.default_top_k) answers, and the text is cut at max_result_chars with verl's mark."""
+    import inspect
+
+    from transformers.utils import get_json_schema
+
+    whole = bound_search(10_000, server_url, TOKEN)("Who won Super Bowl 50?")
+    assert whole.count("Doc ") == 2 and whole.startswith("Doc 1(Title: Super Bowl 50) ")
+    assert bound_search(10_000, server_url, TOKEN)("Who won Super Bowl 50?", top_k=1).count("Doc ") == 1
+    cut = bound_search(40, server_url, TOKEN)("Who won Super Bowl 50?")
+    assert cut == whole[:40] + TRUNCATED == "Doc 1(Title: Super Bowl 50) The Denver B...(truncated)"
+    # The model is offered the same tool whichever caller binds it.
+    bound = bound_search(40, server_url, TOKEN)
+    assert bound.__name__ == "search" and get_json_schema(bound) == get_json_schema(search)
+    assert inspect.signature(bound).parameters["top_k"].default is None
+    assert clip_result("abc", None) == clip_result("abc", 3) == "abc" and clip_result("abcd", 3) == "abc" + TRUNCATED
+

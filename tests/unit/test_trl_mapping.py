@@ -177,3 +177,13 @@ def test_sigterm_waits_for_a_running_upload():
         assert exc.value.code == 143
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_search_tool_results_get_room_on_top_of_the_models_own_tokens(tmp_path):
+    """TRL counts tool results against max_completion_length: with the tool, one result per turn of
+    max_result_chars characters (≤ 1 token per 3 characters, plus the template's wrapping) is added."""
+    cfg = load_config(["gsm8k", "local"], ["algorithm.max_response_length=96", "services.enabled=[retrieval]",
+                                           "services.retrieval.max_tool_turns=2",
+                                           "services.retrieval.max_result_chars=900"], env={})
+    assert grpo_args(cfg, tmp_path, use_cpu=True).max_completion_length == 96 + 2 * (300 + 32)
+

@@ -122,9 +122,17 @@ def test_retrieval_selects_verls_tool_loop_with_the_search_tool():
     assert on[f"{rollout}.multi_turn.tool_config_path"] == "infra/verl/search_tool.yaml"
     assert on[f"{rollout}.multi_turn.max_user_turns"] == "3"
     assert on["data.return_raw_chat"] == "True"
+    # verl's own default (256 characters) would cut a result to its first lines; the run's cut is the run's setting,
+    # and the results get room on top of the model's own tokens: 3 turns of 3000 characters (≤ 1000 tokens each)
+    assert on[f"{rollout}.multi_turn.max_tool_response_length"] == "3000"
+    assert on[f"{rollout}.multi_turn.tool_response_truncate_side"] == "right"
+    own = _cfg().algorithm.max_response_length
+    assert int(on["data.max_response_length"]) == own + 3 * (1000 + 32)
+    assert int(on[f"{rollout}.max_model_len"]) == _cfg().algorithm.max_prompt_length + own + 3 * 1032
     off = _as_dict(verl_overrides(_cfg(), FILES, PATHS, "r1"))
     assert not any(k.startswith((f"{rollout}.multi_turn", f"{rollout}.agent")) or k == "data.return_raw_chat"
                    for k in off)
+    assert off["data.max_response_length"] == str(own)
 
 
 def test_use_retrieval_knob_switches_the_tool_loop():

@@ -107,7 +107,8 @@ class AlgorithmConfig(_Section):
     max_prompt_length: int = Field(512, gt=0)
     """Prompt token budget; longer prompts are quarantined during preparation."""
     max_response_length: int = Field(256, gt=0)
-    """Maximum generated tokens per rollout."""
+    """Maximum generated tokens per rollout; with the search tool, the results it returns get room of their own on
+    top (services.retrieval.max_result_chars)."""
     train_batch_size: int = Field(8, ge=1)
     """Prompts per training step (each sampled `rollouts` times)."""
     total_steps: int = Field(20, ge=1)
@@ -272,7 +273,8 @@ class EvalConfig(_Section):
     batch_size: int = Field(16, ge=1)
     """Prompts per batched greedy generation."""
     max_new_tokens: int | None = Field(None, ge=1)
-    """Generation budget per problem; None uses algorithm.max_response_length."""
+    """Generation budget per problem; None uses algorithm.max_response_length. With the search tool, its results get
+    room of their own on top (services.retrieval.max_result_chars)."""
     seed: int = 0
     """Seed of the subset selection."""
     samples: int = Field(0, ge=0)
@@ -539,6 +541,11 @@ class RetrievalServerConfig(_ServiceSection):
     max_tool_turns: int = Field(2, ge=1)
     """`search` calls a rollout may make, each answered before the model goes on (verl's
     multi_turn.max_user_turns; TRL's max_tool_calling_iterations)."""
+    max_result_chars: int = Field(3000, ge=200)
+    """Characters of one search result a rollout keeps (its passages as the tool renders them); a longer result is
+    cut at its end, marked `...(truncated)`, in training and evaluation alike (verl's
+    multi_turn.max_tool_response_length, whose own default of 256 would cut a passage to its first lines). A rollout
+    with the tool may hold max_tool_turns results on top of algorithm.max_response_length tokens of its own."""
 
 
 class ReplayBufferConfig(_ServiceSection):

@@ -4,11 +4,13 @@ One trajectory is a question, a `search` call, the passage the call returns (ren
 retrieval hits) and the answer in the response format the rewards score. It becomes two SFT examples, one per
 assistant turn, so the loss falls only on what the model says (never on the tool's text):
 
-    [system, user: question]                                  → assistant: search(query=<article title>)
+    [system, user: question]                                  → assistant: search(query=<the question>)
     [system, user, assistant: search(...), tool: Doc 1(...)]  → assistant: <think>…</think><answer>…</answer>
 
-The query is the paragraph's article title (Search-R1's queries are short entity look-ups; the title finds the
-article's paragraphs in the index); the reasoning quotes the passage's sentence that holds the answer span.
+The query is the question itself: over the 2,067 SQuAD paragraphs it finds the paragraph the question was written
+about first in 63 % of questions and among the first five in 87 % (bench/results/services.md), where the article's
+title finds the article but rarely the paragraph. The tool's text is that paragraph as the tool renders a hit (cut
+as the run cuts results); the reasoning quotes the passage's sentence that holds the answer span.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def trajectories(passages: Sequence[Any], questions: Sequence[Any], count: int, 
         passage = by_id[q.passage_id]
         head = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
             {"role": "user", "content": q.question}]
-        call = search_call(passage.title)
+        call = search_call(q.question)
         out.append(ToolSftExample(head, call, f"squad/{i}/call"))
         if len(out) >= count:
             break

@@ -37,10 +37,10 @@ def eval_tools(cfg: RunConfig) -> list[Callable[..., str]]:
     """The run's tools, answered by services of this process's own (started on first use); [] without retrieval."""
     if not uses_search(cfg):
         return []
-    from verl_grpo.services.search_tool import search_at
+    from verl_grpo.services.search_tool import bound_search
 
     url, token = _retrieval_server(cfg)
-    return [search_at(url, token)]
+    return [bound_search(cfg.services.retrieval.max_result_chars, url, token)]
 
 
 def stop_eval_services() -> None:

@@ -33,7 +33,7 @@ from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
-from verl_grpo.trainers.trl.tools import uses_search
+from verl_grpo.trainers.trl.tools import tool_result_tokens, uses_search
 
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]
@@ -75,7 +75,8 @@ def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store, tools: Sequ
     if not problems:
         raise DataError(f"split {split!r} of dataset {dataset.name}@{dataset.hash} is empty; set eval.split "
                         "to a split with rows")
-    budget = cfg.eval.max_new_tokens or cfg.algorithm.max_response_length
+    tools = tool_names(cfg) if tools is None else list(tools)
+    budget = (cfg.eval.max_new_tokens or cfg.algorithm.max_response_length) + (tool_result_tokens(cfg) if tools else 0)
     greedy = GenerationParams(max_new_tokens=budget, batch_size=cfg.eval.batch_size)
     sampled = None
     if samples:
@@ -84,7 +85,6 @@ def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store, tools: Sequ
             temperature=cfg.algorithm.temperature if temperature is None else temperature,
             top_p=cfg.algorithm.top_p if top_p is None else top_p, seed=cfg.eval.seed,
         )
-    tools = tool_names(cfg) if tools is None else list(tools)
     blob = json.dumps({
         "dataset": dataset.hash, "split": split, "subset": subset_digest(problems), "greedy": greedy.key_fields(),
         "sampled": sampled.key_fields() if sampled else None,

@@ -38,6 +38,8 @@ MAX_QUERY_CHARS = 2000
 RETRIEVER_APIS = ("verl_grpo", "search_r1")
 QUERY_SEPARATOR = "\n---\n"
 """Between the passages of the queries of one call, as verl's Search-R1 tool joined them."""
+TRUNCATED = "...(truncated)"
+"""The mark at the end of a cut result, verl's own."""
 
 
 def format_passages(hits: list[dict[str, Any]]) -> str:
@@ -45,32 +47,68 @@ def format_passages(hits: list[dict[str, Any]]) -> str:
     return "\n".join(f"Doc {i}(Title: {h['title']}) {h['text']}" for i, h in enumerate(hits, start=1))
 
 
-def search(query: str, top_k: int = DEFAULT_TOP_K) -> str:
+def clip_result(text: str, max_chars: int | None) -> str:
+    """A tool result cut to `max_chars` characters at its end, as verl's tool loop cuts one
+    (multi_turn.max_tool_response_length with tool_response_truncate_side=right); None keeps it whole."""
+    return text if max_chars is None or len(text) <= max_chars else text[:max_chars] + TRUNCATED
+
+
+def search(query: str, top_k: int | None = None) -> str:
     """Search the passage corpus and return the most relevant passages.
 
     Args:
         query: What to look up, as a question or keywords.
-        top_k: How many passages to return (1 to 10).
+        top_k: How many passages to return (1 to 10; the server's default when omitted).
     """
-    return _search(ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2), query, top_k)
+    return _search(ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2), query, top_k, None)
 
 
-def search_at(url: str, token: str | None) -> Callable[..., str]:
-    """`search` answered by the retrieval-server at `url` with `token` rather than the environment's: the same name,
-    docstring and signature, so the model is offered the schema training offered."""
+def bound_search(max_chars: int, url: str | None = None, token: str | None = None,
+                 api: str = "verl_grpo") -> Callable[..., str]:
+    """`search` with its results cut at `max_chars` (services.retrieval.max_result_chars), answered by the
+    retriever at `url` in `api`'s shape with `token` (default: the run's retrieval-server and the environment's
+    token, as `search`; "" sends none). The same name, docstring and signature, so every caller offers the model the
+    schema training offered."""
 
     @functools.wraps(search)
-    def bound(query: str, top_k: int = DEFAULT_TOP_K) -> str:
-        return _search(ServiceClient(url, token=token, timeout_s=30.0, retries=2), query, top_k)
+    def bound(query: str, top_k: int | None = None) -> str:
+        client = (ServiceClient(base_url(url), token=token, timeout_s=30.0, retries=2) if url else
+                  ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2))
+        return _search(client, query, top_k, max_chars, api)
 
     return bound
 
 
-def _search(client: ServiceClient, query: str, top_k: int) -> str:
-    top_k = max(1, min(int(top_k), MAX_TOP_K))
+def _search(client: ServiceClient, query: str, top_k: int | None, max_chars: int | None,
+            api: str = "verl_grpo") -> str:
+    top_k = None if top_k is None else max(1, min(int(top_k), MAX_TOP_K))
     with client:
-        result = client.post("/retrieve", {"queries": [query], "top_k": top_k})
-    return format_passages(result["results"][0])
+        hits = answer_hits(api, client.post("/retrieve", request_body(api, [query], top_k)))
+    return clip_result(format_passages(hits[0]), max_chars)
+
+
+def base_url(url: str) -> str:
+    """A retriever URL (several comma-separated) as the clients take it: a trailing `/retrieve`, as Search-R1
+    configs write it, dropped."""
+    return ",".join(u.strip().rstrip("/").removesuffix("/retrieve") for u in url.split(","))
+
+
+def request_body(api: str, queries: list[str], top_k: int | None) -> dict[str, Any]:
+    """POST /retrieve's body in `api`'s shape: Search-R1's `{queries, topk, return_scores}` or our own
+    `{queries, top_k}`; without top_k the retriever's default count."""
+    key = "topk" if api == "search_r1" else "top_k"
+    body = {"queries": queries, **({key: top_k} if top_k is not None else {})}
+    return body | {"return_scores": True} if api == "search_r1" else body
+
+
+def answer_hits(api: str, result: Any) -> list[list[dict[str, Any]]]:
+    """Each query's title/text hits in a retriever's answer of `api`'s shape."""
+    if api == "search_r1":
+        return search_r1_hits(result)
+    if not isinstance(result, dict) or "results" not in result:
+        raise DataError("the retriever's answer has no 'results'; for a Search-R1 retriever set the search tool "
+                        "config retriever_api: search_r1")
+    return result["results"]
 
 
 def search_r1_hits(result: Any) -> list[list[dict[str, Any]]]:
@@ -104,12 +142,12 @@ class SearchTool(BaseTool):
     trailing `/retrieve`, as Search-R1 configs write it, is accepted), `retriever_api` (`verl_grpo`, our
     retrieval-server's API, or `search_r1`, a Search-R1 retriever's), `top_k`, `timeout_s`, `retries`. The call takes
     `query` (a string) or Search-R1's `query_list` (strings). The token comes from the environment, never from the
-    tool config."""
+    tool config; `send_token: false` sends none (a retriever outside the run's services gets no services token)."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None):
         super().__init__(config, tool_schema)
-        url = config.get("retrieval_service_url") or ""
-        self.url = ",".join(u.strip().rstrip("/").removesuffix("/retrieve") for u in url.split(",")) or None
+        self.url = base_url(config.get("retrieval_service_url") or "") or None
+        self.token = None if config.get("send_token", True) else ""
         self.retriever_api = config.get("retriever_api", "verl_grpo")
         self.top_k = int(config.get("top_k", DEFAULT_TOP_K))
         self.timeout_s = float(config.get("timeout_s", 30.0))
@@ -124,19 +162,13 @@ class SearchTool(BaseTool):
     def _client(self) -> AsyncServiceClient:
         loop_id = id(asyncio.get_running_loop())
         if loop_id not in self._clients:
-            self._clients[loop_id] = AsyncServiceClient(self.url or service_url("retrieval"),
+            self._clients[loop_id] = AsyncServiceClient(self.url or service_url("retrieval"), token=self.token,
                                                         timeout_s=self.timeout_s, retries=self.retries)
         return self._clients[loop_id]
 
     async def _retrieve(self, queries: list[str]) -> list[list[dict[str, Any]]]:
-        if self.retriever_api == "search_r1":
-            body = {"queries": queries, "topk": self.top_k, "return_scores": True}
-            return search_r1_hits(await self._client().post("/retrieve", body))
-        result = await self._client().post("/retrieve", {"queries": queries, "top_k": self.top_k})
-        if not isinstance(result, dict) or "results" not in result:
-            raise DataError("the retriever's answer has no 'results'; for a Search-R1 retriever set the search tool "
-                            "config retriever_api: search_r1")
-        return result["results"]
+        body = request_body(self.retriever_api, queries, self.top_k)
+        return answer_hits(self.retriever_api, await self._client().post("/retrieve", body))
 
     async def execute(self, instance_id: str, parameters: dict[str, Any],
                       **kwargs: Any) -> tuple[ToolResponse, float, dict]:

@@ -24,6 +24,7 @@ from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress
+from verl_grpo.trainers.trl.tools import rollout_tokens
 from verl_grpo.trainers.worker import progress
 from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.spec import worker_train_spec
@@ -90,7 +91,7 @@ def grpo_args(
         "temperature": alg.temperature,
         "top_p": alg.top_p,
         "top_k": trl_top_k(alg.top_k),
-        "max_completion_length": alg.max_response_length,
+        "max_completion_length": rollout_tokens(cfg),  # with the search tool, its results get room of their own
         # batch layout (see module docstring)
         "per_device_train_batch_size": layout.per_device_batch,
         "gradient_accumulation_steps": layout.grad_accum_steps,

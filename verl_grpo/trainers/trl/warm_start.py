@@ -114,7 +114,7 @@ def search_examples(spec: WorkerSpec, count: int):
     from verl_grpo.data.search_r1 import trajectories
     from verl_grpo.formats import default_system_prompt
     from verl_grpo.services.retrieval_index import load_squad
-    from verl_grpo.services.search_tool import format_passages
+    from verl_grpo.services.search_tool import clip_result, format_passages
 
     cfg = spec.cfg
     passages, questions = load_squad(cfg.services.retrieval.corpus)
@@ -125,7 +125,9 @@ def search_examples(spec: WorkerSpec, count: int):
         train = {str(extra["question"]).strip() for extra in rows["extra_info"]}
         questions = [q for q in questions if q.question.strip() in train]
     system = default_system_prompt(cfg.dataset.name) if cfg.dataset.system_prompt is None else cfg.dataset.system_prompt
-    return trajectories(passages, questions, count, system, format_passages, seed=cfg.algorithm.seed)
+    max_chars = cfg.services.retrieval.max_result_chars
+    return trajectories(passages, questions, count, system, lambda hits: clip_result(format_passages(hits), max_chars),
+                        seed=cfg.algorithm.seed)
 
 
 class _Lines(TrainerCallback):

@@ -15,6 +15,7 @@ from verl_grpo.data.schema import TOOL_AGENT
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
 from verl_grpo.providers.placement import placement
+from verl_grpo.trainers.trl.tools import rollout_tokens
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
 from verl_grpo.trainers.verl.samples import rollout_dir
 
@@ -131,7 +132,7 @@ def verl_overrides(
         f"data.train_files={data_files['train']}",
         f"data.val_files={data_files['val']}",
         f"data.max_prompt_length={a.max_prompt_length}",
-        f"data.max_response_length={a.max_response_length}",
+        f"data.max_response_length={rollout_tokens(cfg)}",
         f"data.train_batch_size={a.train_batch_size}",
         f"data.seed={a.seed}",
         "data.filter_overlong_prompts=True",
@@ -157,7 +158,7 @@ def verl_overrides(
         # Unset, vLLM's context is the model's max_position_embeddings (32k for Qwen2.5): its CUDA graphs and
         # scheduler are sized for sequences the run never makes. Prompt + response bounds every rollout, the
         # multi-turn tool loop's included (its response budget spans all turns).
-        f"{rollout}.max_model_len={a.max_prompt_length + a.max_response_length}",
+        f"{rollout}.max_model_len={a.max_prompt_length + rollout_tokens(cfg)}",
         f"{rollout}.tensor_model_parallel_size={v.rollout_tp}",
         f"{rollout}.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
@@ -201,6 +202,8 @@ def tool_overrides(cfg: RunConfig) -> list[str]:
         f"{rollout}.multi_turn.enable=True",
         f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}",
         f"{rollout}.multi_turn.max_user_turns={cfg.services.retrieval.max_tool_turns}",
+        f"{rollout}.multi_turn.max_tool_response_length={cfg.services.retrieval.max_result_chars}",
+        f"{rollout}.multi_turn.tool_response_truncate_side=right",
         f"{rollout}.agent.default_agent_loop={TOOL_AGENT}",
         "data.return_raw_chat=True",
     ]
