@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from verl_grpo.errors import DataError
+from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.services.retrieval_index import (
     Embedder,
     build_index,
@@ -15,8 +15,9 @@ from verl_grpo.services.retrieval_index import (
     load_squad,
     make_faiss_index,
     recall_at_k,
+    sample_questions,
 )
-from verl_grpo.services.retrieval_server import Retriever, build_app
+from verl_grpo.services.retrieval_server import Retriever, build_app, ensure_index
 from verl_grpo.services.search_tool import validate_tool_config
 from verl_grpo.store import Store
 
@@ -97,3 +98,31 @@ def test_verl_tool_config_loads_with_verls_loader(monkeypatch):
     (tool,) = initialize_tools_from_config(str(tool_config_path()))
     assert isinstance(tool, SearchTool) and tool.url == "http://retrieval-server-0.grp:8002"
     assert tool.tool_schema.function.parameters.required == ["query"]
+
+
+def test_bm25_index_of_the_whole_corpus_finds_the_questions_paragraph_and_serves_like_the_dense_one(
+        data_mirror, tmp_path, corpus, built):
+    """kind bm25: nothing embedded (no embedder at all), the passages alone in the store, the scores rebuilt on load;
+    over all 2,067 paragraphs the question's own paragraph comes first for most questions (0.76 measured on 2,000)."""
+    store = Store(f"file://{tmp_path / 'store'}")
+    path = data_mirror / "squad" / "dev-v1.1.json"
+    index = ensure_index(store, "squad-bm25", str(path), "bm25", embedder=None)
+    assert index.meta["kind"] == "bm25" and index.meta["passages"] == 2067
+    assert sorted(p.name for p in (tmp_path / "store" / "retrieval" / "squad-bm25").iterdir()) == [
+        "meta.json", "passages.jsonl"]
+    loaded = load_index(store, "squad-bm25")
+    sample = sample_questions(load_squad(path)[1], 400, seed=1)
+    _, ids = loaded.search_texts([q.question for q in sample], None, 5)
+    recall = recall_at_k(ids, loaded.passages, sample, (1, 5))
+    assert recall[5] >= recall[1] > 0.65, recall
+    app = build_app(Retriever(loaded, None), "tok", 1 << 16, default_top_k=1, max_top_k=5)
+    with TestClient(app) as c:
+        hits = c.post("/retrieve", json={"queries": [sample[0].question]}, headers=AUTH).json()["results"]
+        assert len(hits[0]) == 1 and hits[0][0]["score"] > 0
+        assert c.get("/health").json()["info"]["kind"] == "bm25"
+    # One name holds one kind: a dense index is not served as BM25 (nor the reverse) under the same name.
+    with pytest.raises(ConfigError, match="services.retrieval.index 'squad-slice' .* is a hnsw index, not bm25"):
+        ensure_index(built, "squad-slice", None, "bm25", embedder=None)
+    with pytest.raises(ConfigError, match="is a bm25 index, not flat"):
+        ensure_index(store, "squad-bm25", None, "flat", embedder=None)
+

