@@ -2,8 +2,9 @@
 
 1. reward-server batch throughput vs in-process scoring (GSM8K and MBPP), overhead ratio.
 2. retrieval over the 2,067 SQuAD dev paragraphs: recall@1/5/10 and search queries/s of FAISS HNSW,
-   FAISS flat and exact numpy search on a seeded sample of SQuAD questions; end-to-end queries/s through
-   the retrieval-server (embedding included). The index is built once into the local store and reused.
+   FAISS flat, exact numpy search and BM25 on a seeded sample of SQuAD questions; end-to-end queries/s through
+   the retrieval-server (embedding included); the cost of building each index. The dense index is built once into
+   the local store and reused.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from verl_grpo.config import RunConfig, StorageConfig  # noqa: E402
 from verl_grpo.local_paths import data_mirror_dir  # noqa: E402
 from verl_grpo.rewards import compute_scores  # noqa: E402
+from verl_grpo.services.bm25_index import Bm25  # noqa: E402
 from verl_grpo.services.client import ServiceClient  # noqa: E402
 from verl_grpo.services.local_group import start_local_services, stop_local_services  # noqa: E402
 from verl_grpo.services.retrieval_index import (  # noqa: E402
+    EMBED_BATCH,
     Embedder,
     index_exists,
     load_index,
     load_squad,
     make_faiss_index,
+    passage_texts,
     recall_at_k,
     sample_questions,
 )
@@ -41,6 +45,8 @@ INDEX = "squad-dev"
 BATCH = 64
 QUESTIONS = 2000
 SERVER_QUERIES = 256
+EMBED_TIMING_PASSAGES = 256
+"""Paragraphs embedded to time the dense index's build (the whole corpus takes minutes on 2 cores)."""
 KS = (1, 5, 10)
 
 
@@ -114,6 +120,20 @@ def retrieval_section(store: Store, url: str) -> list[str]:
         recall = recall_at_k(ids, index.passages, sample, KS)
         rows.append(f"| {name} | " + " | ".join(f"{recall[k]:.3f}" for k in KS) + f" | {qps:,.0f} |")
         print(rows[-1], flush=True)
+    texts = passage_texts(index.passages)
+    started = time.perf_counter()
+    bm25 = Bm25(texts)
+    bm25_build_s = time.perf_counter() - started
+    started = time.perf_counter()
+    _, ids = bm25.search([q.question for q in sample], max(KS))
+    qps = len(sample) / (time.perf_counter() - started)
+    recall = recall_at_k(ids, index.passages, sample, KS)
+    rows.append("| BM25 (bm25s; queries tokenized) | " + " | ".join(f"{recall[k]:.3f}" for k in KS) + f" | {qps:,.0f} |")
+    print(rows[-1], flush=True)
+    timed = texts[:: max(1, len(texts) // EMBED_TIMING_PASSAGES)][:EMBED_TIMING_PASSAGES]
+    started = time.perf_counter()
+    embedder.encode(timed, batch_size=EMBED_BATCH)
+    embed_pps = len(timed) / (time.perf_counter() - started)
     _, hnsw_ids = index.search(vecs, 5)
     _, exact_ids = index.exact_search(vecs, 5)
     overlap = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(hnsw_ids, exact_ids)])
@@ -133,6 +153,9 @@ def retrieval_section(store: Store, url: str) -> list[str]:
         f"{len(sample)} seeded SQuAD dev questions; a hit is the paragraph the question was written about.", "",
         "| search | recall@1 | recall@5 | recall@10 | search-only queries/s |", "|---|---|---|---|---|", *rows, "",
         f"- HNSW top-5 overlap with exact search: {overlap:.3f}",
+        f"- building the index: MiniLM embeds {embed_pps:,.1f} paragraphs/s ({len(timed)} spread over the corpus), "
+        f"so {len(texts) / embed_pps:,.0f} s for all {len(texts):,}; BM25 over all of them {bm25_build_s:.2f} s "
+        f"({len(texts) / embed_pps / bm25_build_s:,.0f}x less)",
         f"- query embedding in-process: {embed_qps:,.0f} queries/s",
         f"- retrieval-server end to end (embed + search + HTTP): {one_qps:,.1f} queries/s one query per request, "
         f"{batch_qps:,.1f} queries/s in batches of 32",
