@@ -29,11 +29,16 @@ CPU_RUN = {
     "verl.rollout_tp": 1, "verl.n_gpus_per_node": None, "verl.strategy": "fsdp2", "verl.megatron_tp": 1,
     "verl.megatron_pp": 1, "verl.lora_rank": 0, "verl.lora_alpha": 16, "verl.ppo_mini_batch_size": None,
     "verl.micro_batch_size_per_gpu": 4, "verl.critic_lr": 1e-05, "verl.test_freq": 5, "verl.extra_overrides": [],
+    # the search tool's CPU settings (used only with retrieval on: squad, or USE_RETRIEVAL=true)
+    "services.enabled": [], "services.retrieval.index": "squad-dev-bm25", "services.retrieval.index_kind": "bm25",
+    "services.retrieval.default_top_k": 1, "services.retrieval.max_tool_turns": 1,
+    "services.retrieval.max_result_chars": 1200,
 }
 PER_DATASET = {
     "gsm8k": {"dataset.name": "gsm8k", "algorithm.max_prompt_length": 512},
     "math": {"dataset.name": "math", "algorithm.max_prompt_length": 1024},
     "mbpp": {"dataset.name": "mbpp", "algorithm.max_prompt_length": 768},
+    "squad": {"dataset.name": "squad", "algorithm.max_prompt_length": 512, "services.enabled": ["retrieval"]},
 }
 
 
