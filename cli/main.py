@@ -461,7 +461,7 @@ def _print_versions(cfg, name: str | None, versions: tuple[str, ...], metrics: b
 
 
 @main.command()
-@click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp", "squad"]),
+@click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa"]),
               help="Which scorer to use.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_user_errors

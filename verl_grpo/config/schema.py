@@ -12,14 +12,16 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import state_dir
 
-DatasetName = Literal["gsm8k", "math", "mbpp", "squad"]
+DatasetName = Literal["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa"]
 
 
 ACCEPTS_EMPTY = {"accepts_empty": True}
@@ -30,6 +32,10 @@ def accepts_empty(field: FieldInfo | None) -> bool:
     extra = field.json_schema_extra if field is not None else None
     return isinstance(extra, dict) and bool(extra.get("accepts_empty"))
 
+
+WIKIPEDIA_DATASETS = frozenset({"nq_hotpotqa"})
+"""Datasets asked about all of Wikipedia (Search-R1's wiki-18): their search tool needs services.retrieval.url, a
+retriever over that corpus, which no retrieval-server index of ours holds."""
 
 SMOKE_MODELS = frozenset({"tiny"})
 """Model names of smoke runs (the test model this package builds): registered under a name of their own."""
@@ -52,8 +58,9 @@ class _Section(BaseModel):
 
 class DatasetConfig(_Section):
     name: DatasetName = "gsm8k"
-    """Which task to train on: gsm8k, math, mbpp, or squad (questions about Wikipedia articles, exact match; meant
-    for the search tool, `services: [retrieval]`)."""
+    """Which task to train on: gsm8k, math, mbpp, squad (questions about Wikipedia articles, exact match; meant
+    for the search tool, `services: [retrieval]`) or nq_hotpotqa (Search-R1's NQ + HotpotQA, open-domain; its search
+    tool asks a Search-R1 retriever over Wikipedia, services.retrieval.url)."""
     source: Literal["auto", "mirror", "hub"] = "auto"
     """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub; a
     mirror named by mirror_dir or VERL_GRPO_DATA_MIRROR must be present)."""
@@ -540,6 +547,10 @@ class RetrievalServerConfig(_ServiceSection):
     them)."""
     memory: str = "64+"
     """Memory in GiB of each retrieval-server node on a SkyPilot job group (SkyPilot's example: 64+)."""
+    url: str | None = None
+    """A Search-R1 retriever already serving, e.g. Search-R1's search/retrieval_server.py over wiki-18 e5,
+    `http://HOST:8000/retrieve`; no retrieval-server is started and the search tool calls it with the Search-R1
+    request. None: the run's own retrieval-server answers (index, corpus above)."""
     max_tool_turns: int = Field(2, ge=1)
     """`search` calls a rollout may make, each answered before the model goes on (verl's
     multi_turn.max_user_turns; TRL's max_tool_calling_iterations)."""
@@ -548,6 +559,19 @@ class RetrievalServerConfig(_ServiceSection):
     cut at its end, marked `...(truncated)`, in training and evaluation alike (verl's
     multi_turn.max_tool_response_length, whose own default of 256 would cut a passage to its first lines). A rollout
     with the tool may hold max_tool_turns results on top of algorithm.max_response_length tokens of its own."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be the retriever's http(s) URL, e.g. http://10.0.0.5:8000/retrieve")
+        if parts.username or parts.password:  # ConfigError, not ValueError: pydantic's error would echo the secret
+            raise ConfigError("services.retrieval.url must carry no credentials (secrets never go in the config); "
+                              "give the retriever's http://HOST:PORT/retrieve")
+        return url.strip()
 
 
 class ReplayBufferConfig(_ServiceSection):
@@ -599,6 +623,12 @@ class ServicesConfig(_Section):
     @classmethod
     def _unique(cls, enabled: list[str]) -> list[str]:
         return list(dict.fromkeys(enabled))
+
+    @property
+    def started(self) -> list[str]:
+        """The enabled services the run starts itself: all of them but `retrieval` when retrieval.url names a
+        retriever already serving (the search tool then calls that one)."""
+        return [name for name in self.enabled if not (name == "retrieval" and self.retrieval.url)]
 
 
 class RunConfig(_Section):
@@ -663,6 +693,25 @@ class RunConfig(_Section):
             raise ValueError("warm_start.enabled runs on trainer.backend=trl or loop only (the verl backend has no SFT "
                              "phase yet); set warm_start.enabled=false, or warm-start with the trl backend first and "
                              "name that run's model in model.name")
+        return self
+
+    @model_validator(mode="after")
+    def _search_corpus(self) -> RunConfig:
+        """The search tool answers from the corpus the questions are about, and warm-start search trajectories show
+        passages of the corpus the tool searches."""
+        if "retrieval" not in self.services.enabled:
+            return self
+        url, share = self.services.retrieval.url, self.warm_start.search_share
+        if self.dataset.name in WIKIPEDIA_DATASETS and not url:
+            raise ValueError(f"dataset.name={self.dataset.name} asks open-domain questions about all of Wikipedia, "
+                             "which the retrieval-server's index (SQuAD paragraphs) does not hold; set "
+                             "services.retrieval.url to a Search-R1 retriever over wiki-18 (e.g. "
+                             "http://HOST:8000/retrieve), or drop retrieval from services.enabled")
+        if url and self.warm_start.enabled and share > 0:
+            raise ValueError(f"warm_start.search_share={share} builds search trajectories from the retrieval-server's "
+                             "corpus (services.retrieval.corpus), but the search tool asks the retriever at "
+                             "services.retrieval.url; set warm_start.search_share=0 (format examples only) or "
+                             "warm_start.enabled=false")
         return self
 
     @property

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion
-from verl_grpo.data import gsm8k, math_, mbpp, squad
+from verl_grpo.data import gsm8k, math_, mbpp, nq_hotpotqa, squad
 from verl_grpo.data.schema import (
     BUILDER_VERSION,
     OUTPUT_SPLITS,
@@ -49,7 +49,7 @@ from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir
 logger = logging.getLogger(__name__)
 
 BUILDERS: dict[str, DatasetBuilder] = {
-    b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER, squad.BUILDER)
+    b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER, squad.BUILDER, nq_hotpotqa.BUILDER)
 }
 REJECTED_FILE = "rejected.parquet"
 HASH_CHARS = 16
@@ -229,7 +229,7 @@ def build_rows(
         grouped["train"], grouped["val"] = carve_validation(grouped["train"], cfg.dataset.val_size, cfg.dataset.seed)
 
     splits = {
-        split: [verl_row(builder.name, builder.ability, m, p, split, i, uses_tool_agent(cfg))
+        split: [verl_row(p.data_source or builder.name, builder.ability, m, p, split, i, uses_tool_agent(cfg))
                 for i, (p, m) in enumerate(items)]
         for split, items in grouped.items()
     }

@@ -3,10 +3,11 @@
 A prepared parquet row is exactly what verl's `RLHFDataset` and reward manager expect
 (see verl's examples/data_preprocess/gsm8k.py):
 
-    data_source   str                      "gsm8k" | "math" | "mbpp" | "squad" (the reward dispatcher keys on it)
+    data_source   str                      "gsm8k" | "math" | "mbpp" | "squad" | "searchR1_<source>" (nq_hotpotqa's
+                                           rows, as verl tags them); the reward dispatcher keys on it
     prompt        list<{role, content}>    system message (optional) + user message
     ability       str                      "math" | "code" | "qa"
-    reward_model  {style: "rule", ground_truth: str}  (squad: Search-R1's {"target": [answers]} as JSON)
+    reward_model  {style: "rule", ground_truth: str}  (squad, nq_hotpotqa: Search-R1's {"target": [answers]} as JSON)
     extra_info    struct                   split, index, uid + the dataset's raw fields (fixed per dataset)
 
 With the Search-R1 tool on (`retrieval` in services.enabled), rows also carry what verl's tool loop reads:
@@ -81,6 +82,8 @@ class Problem:
     ground_truth: str
     extra: dict[str, Any] = field(default_factory=dict)
     position: int = 0
+    data_source: str | None = None
+    """The row's data_source when it is not the dataset's name (Search-R1's rows: `searchR1_<source>`)."""
 
 
 def rejection_row(record: RawRecord, reason: Reason | str, detail: str) -> dict[str, Any]:

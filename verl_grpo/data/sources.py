@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,13 +156,29 @@ def read_hub_source(splits: list[HubSplit]) -> RawSource:
         ds = datasets.load_dataset(hs.hub_id, hs.config, split=hs.split)
         logger.info("loaded %s rows of %s/%s split %s from the hub", len(ds), hs.hub_id, hs.config, hs.split)
         start = sum(1 for r in records if r.split == hs.as_split)
-        for offset, row in enumerate(ds):
-            raw = json.dumps(row, sort_keys=True, default=str, ensure_ascii=False)
-            digest.update(raw.encode() + b"\n")
-            pos = start + offset
-            records.append(RawRecord(split=hs.as_split, position=pos, uid=f"{hs.as_split}/{pos}", raw=raw, data=row))
+        for record in row_records(ds, hs.as_split, start):
+            digest.update(record.raw.encode() + b"\n")
+            records.append(record)
     ids = ",".join(dict.fromkeys(f"{hs.hub_id}" + (f"/{hs.config}" if hs.config else "") for hs in splits))
     return RawSource(description=f"hub:{ids}", fingerprint=digest.hexdigest(), read_records=lambda: records)
+
+
+def row_records(rows: Iterable[dict[str, Any]], split: str, start: int = 0) -> list[RawRecord]:
+    """One record per already-parsed row (a hub dataset's, a parquet file's), its raw text the row as sorted JSON."""
+    return [RawRecord(split=split, position=pos, uid=f"{split}/{pos}", data=row,
+                      raw=json.dumps(row, sort_keys=True, default=str, ensure_ascii=False))
+            for pos, row in enumerate(rows, start=start)]
+
+
+def read_parquet(path: Path, split: str) -> list[RawRecord]:
+    """One record per row of a parquet file (a hub dataset's file, downloaded), as the hub reader reads its rows."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except pa.ArrowInvalid as e:
+        raise OSError(f"{path.name} is not a parquet file: {e}") from e
+    return row_records(rows, split)
 
 
 def read_jsonl(path: Path, split: str) -> list[RawRecord]:

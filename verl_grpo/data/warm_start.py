@@ -2,9 +2,9 @@
 
 Each dataset's reference solution becomes `<think>reasoning</think>\n<answer>final answer</answer>` (GSM8K's
 calculator annotations `<<48/2=24>>` dropped, MATH's solution as the reasoning, MBPP's reference program as the
-answer block, SQuAD's first gold answer). Every rewritten response is scored by the dataset's own reward before it
-is used, and only those scoring full marks are kept: the examples teach exactly what the rewards score, never a
-variant of it.
+answer block, SQuAD's and NQ/HotpotQA's first gold answer). Every rewritten response is scored by the dataset's own
+reward before it is used, and only those scoring full marks are kept: the examples teach exactly what the rewards
+score, never a variant of it.
 """
 
 from __future__ import annotations
@@ -54,8 +54,14 @@ def squad_response(extra: dict[str, Any], ground_truth: str) -> str:
     return respond(f"The question is about {extra['title']}.", str(extra["answers"][0]))
 
 
+def nq_hotpotqa_response(extra: dict[str, Any], ground_truth: str) -> str:
+    """An answer without a search: the format only (no search trajectories without a corpus of the retriever's)."""
+    return respond(f"The question asks: {str(extra['question']).strip()}", str(extra["answers"][0]))
+
+
 REWRITERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "gsm8k": gsm8k_response, "math": math_response, "mbpp": mbpp_response, "squad": squad_response,
+    "nq_hotpotqa": nq_hotpotqa_response,
 }
 
 
