@@ -4,7 +4,8 @@ With `retrieval` in services.enabled the model trained with the `search` tool, s
 the base and warm-start models with it, so the comparison is like for like). The run's retrieval-server stops with
 its training; the evaluation starts one of its own from the same settings (the index comes back from the store,
 `retrieval/<index>/`), once per process and index, shared by every model evaluated in the process. It runs with
-`--exit-with-parent`, so it ends with the process; `stop_eval_services` ends it sooner.
+`--exit-with-parent`, so it ends with the process; `stop_eval_services` ends it sooner. A run whose tool asks a
+retriever already serving (services.retrieval.url) is evaluated against that retriever: nothing is started.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.local_paths import state_dir
-from verl_grpo.trainers.trl.tools import uses_search
+from verl_grpo.trainers.trl.tools import tool_functions, uses_search
 
 EVAL_SERVICES_DIR = "eval-services"
 """Under the state dir's work/: one directory per retrieval setting, holding the eval's retrieval-server."""
@@ -34,9 +35,12 @@ def tool_names(cfg: RunConfig) -> list[str]:
 
 
 def eval_tools(cfg: RunConfig) -> list[Callable[..., str]]:
-    """The run's tools, answered by services of this process's own (started on first use); [] without retrieval."""
+    """The run's tools, answered by services of this process's own (started on first use), or by the retriever at
+    services.retrieval.url, which outlives the run, as in training; [] without retrieval."""
     if not uses_search(cfg):
         return []
+    if cfg.services.retrieval.url:
+        return tool_functions(cfg)
     from verl_grpo.services.search_tool import bound_search
 
     url, token = _retrieval_server(cfg)

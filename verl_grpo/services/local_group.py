@@ -58,17 +58,19 @@ def service_command(name: str, cfg: RunConfig, port: int, run_id: str, dataset_u
 
 def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path,
                          dataset_uri: str | None = None) -> ServiceGroup | None:
-    """Start (or reuse) the services in cfg.services.enabled; None when none are enabled.
+    """Start (or reuse) the services the run starts (cfg.services.started: the enabled ones, less a retriever already
+    serving at services.retrieval.url); None when there are none.
 
     Raises InfraError (retryable) when a service does not become healthy within startup_timeout_s, and
     ConfigError when one exits with a configuration error; whatever was started is stopped first.
     """
-    if not cfg.services.enabled:
+    started = cfg.services.started
+    if not started:
         return None
     sdir = Path(workdir) / SERVICES_DIR
     sdir.mkdir(parents=True, exist_ok=True)
     existing = _read_record(Path(workdir))
-    if existing is not None and set(existing.endpoints) == {SERVICES[n].task for n in cfg.services.enabled} \
+    if existing is not None and set(existing.endpoints) == {SERVICES[n].task for n in started} \
             and _all_alive(existing) and _all_healthy(existing):
         logger.info("reusing running services %s", existing.endpoints)
         return existing
@@ -85,7 +87,7 @@ def start_local_services(cfg: RunConfig, run_id: str, workdir: str | Path,
                          commands={}, logs={}, termination_delay_s=cfg.services.termination_delay_s,
                          token_file=str(token_file))
     try:
-        for name in cfg.services.enabled:
+        for name in started:
             _start_one(name, cfg, run_id, sdir, env, group, dataset_uri)
         _write_record(Path(workdir), group)
         _wait_ready(group, cfg.services.startup_timeout_s)

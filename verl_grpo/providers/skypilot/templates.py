@@ -155,14 +155,17 @@ def launch_secrets(cfg: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def job_group_services(cfg: RunConfig) -> tuple[ServiceSpec, ...]:
-    """The services the job_group and rollout_group shapes run: exactly services.enabled (verl reads its data from
-    the parquet files, so the data-server too only when enabled). ConfigError when none is enabled."""
-    if not cfg.services.enabled:
-        raise ConfigError(f"skypilot.shape={cfg.skypilot.shape} runs the services in services.enabled, which is "
-                          "empty; set "
-                          "e.g. services.enabled=[reward,retrieval] (of data, reward, retrieval, replay) or use "
+    """The services the job_group and rollout_group shapes run: exactly those the run starts, services.enabled (verl
+    reads its data from the parquet files, so the data-server too only when enabled) less the retrieval-server when
+    services.retrieval.url names a retriever already serving. ConfigError when that leaves none."""
+    started = cfg.services.started
+    if not started:
+        what = ("holds only retrieval, served by the retriever at services.retrieval.url (the trainer calls it from "
+                "any shape)" if cfg.services.enabled else "is empty")
+        raise ConfigError(f"skypilot.shape={cfg.skypilot.shape} runs the services in services.enabled, which {what}; "
+                          "set e.g. services.enabled=[reward,retrieval] (of data, reward, retrieval, replay) or use "
                           "skypilot.shape=multinode")
-    return tuple(spec for name, spec in SERVICES.items() if name in cfg.services.enabled)
+    return tuple(spec for name, spec in SERVICES.items() if name in started)
 
 
 def python_version(pyproject: Path | None = None) -> str:

@@ -36,12 +36,16 @@ def uses_search(cfg: RunConfig) -> bool:
 
 def tool_functions(cfg: RunConfig) -> list[Callable[..., str]]:
     """The tools of a run: `search` (its results cut at services.retrieval.max_result_chars) when the run has the
-    retrieval-server, none otherwise."""
+    search tool, none otherwise. It asks the run's retrieval-server, or the Search-R1 retriever at
+    services.retrieval.url in its own API (without the services' token: that retriever is none of the run's)."""
     if not uses_search(cfg):
         return []
     from verl_grpo.services.search_tool import bound_search
 
-    return [bound_search(cfg.services.retrieval.max_result_chars)]
+    r = cfg.services.retrieval
+    if r.url:
+        return [bound_search(r.max_result_chars, r.url, token="", api="search_r1")]
+    return [bound_search(r.max_result_chars)]
 
 
 def tool_result_tokens(cfg: RunConfig) -> int:

@@ -26,7 +26,14 @@ from verl_grpo.trainers.verl.fully_async import (
     planned_checkpoint_steps,
     validate_fully_async_overrides,
 )
-from verl_grpo.trainers.verl.overrides import cluster_nodes, run_paths, ships_with_run, uses_fully_async, verl_overrides
+from verl_grpo.trainers.verl.overrides import (
+    cluster_nodes,
+    run_paths,
+    ships_with_run,
+    tool_env,
+    uses_fully_async,
+    verl_overrides,
+)
 from verl_grpo.trainers.verl.samples import SamplesPlan
 from verl_grpo.trainers.verl.settings import checkpoint_env
 from verl_grpo.trainers.verl.validation import VerlValidation, validate_verl_overrides
@@ -84,6 +91,7 @@ class VerlTrainer:
                                   cfg.storage.keep_last, checkpoint_mount(cfg, store, run_id, cluster)))
         if samples := SamplesPlan.of(cfg):
             env.update(samples.env())
+        env.update(tool_env(cfg))
         return TrainSpec(
             backend=self.name,
             run_id=run_id,

@@ -15,6 +15,7 @@ from verl_grpo.data.schema import TOOL_AGENT
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
 from verl_grpo.providers.placement import placement
+from verl_grpo.services import SERVICES
 from verl_grpo.trainers.trl.tools import rollout_tokens
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
 from verl_grpo.trainers.verl.samples import rollout_dir
@@ -26,6 +27,8 @@ REMOTE_REWARD_MODULE = "pkg://verl_grpo.services.reward_client"
 """Scores through the job group's reward-server (same compute_score signature, awaited by verl's reward loop)."""
 SEARCH_TOOL_CONFIG = "infra/verl/search_tool.yaml"
 """Search-R1 style `search` tool backed by the retrieval-server; relative to the task's workdir (the repo)."""
+SEARCH_R1_RETRIEVER_TOOL_CONFIG = "infra/verl/search_r1_retriever_tool.yaml"
+"""The same `search` tool answered by a Search-R1 retriever already serving (services.retrieval.url)."""
 
 
 @dataclass(frozen=True)
@@ -196,17 +199,26 @@ def verl_overrides(
 
 def tool_overrides(cfg: RunConfig) -> list[str]:
     """The Search-R1 tool loop: verl's `tool_agent` loop (the default for rows without `agent_name`; prepared rows
-    name it too), the `search` tool config, raw chat prompts for the loop to re-render, and the tool-turn bound."""
+    name it too), the `search` tool config (asking the retriever at services.retrieval.url when set, else the run's
+    retrieval-server), raw chat prompts for the loop to re-render, and the tool-turn bound."""
     rollout = "actor_rollout_ref.rollout"
+    tools = SEARCH_R1_RETRIEVER_TOOL_CONFIG if cfg.services.retrieval.url else SEARCH_TOOL_CONFIG
     return [
         f"{rollout}.multi_turn.enable=True",
-        f"{rollout}.multi_turn.tool_config_path={SEARCH_TOOL_CONFIG}",
+        f"{rollout}.multi_turn.tool_config_path={tools}",
         f"{rollout}.multi_turn.max_user_turns={cfg.services.retrieval.max_tool_turns}",
         f"{rollout}.multi_turn.max_tool_response_length={cfg.services.retrieval.max_result_chars}",
         f"{rollout}.multi_turn.tool_response_truncate_side=right",
         f"{rollout}.agent.default_agent_loop={TOOL_AGENT}",
         "data.return_raw_chat=True",
     ]
+
+
+def tool_env(cfg: RunConfig) -> dict[str, str]:
+    """The trainer's env for the search tool: the URL of the retriever at services.retrieval.url in the variable the
+    tool config reads (as a job group exports its own retrieval-server's); {} without one."""
+    url = cfg.services.retrieval.url
+    return {SERVICES["retrieval"].url_env: url} if url and "retrieval" in cfg.services.enabled else {}
 
 
 def attention_overrides(cfg: RunConfig) -> list[str]:
