@@ -14,10 +14,10 @@ from cli.main import main
 FAKE_KEY_ID, FAKE_SECRET = "AKIAFAKEFAKEFAKEFAKE", "fake/secret+value/for/the/dry/run/only00"
 
 
-def _launch(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def _launch(tmp_path, *args: str, config: str = "gsm8k", **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WANDB_"))}
     clean["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), clean.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "cli", "launch", "-c", "gsm8k", *args, "--dry-run"],
+    return subprocess.run([sys.executable, "-m", "cli", "launch", "-c", config, *args, "--dry-run"],
                           cwd=tmp_path, env={**clean, **env}, capture_output=True, text=True, timeout=300)
 
 
@@ -92,3 +92,18 @@ def test_use_retrieval_dry_run_checks_verls_tool_loop_and_loads_the_search_tool(
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent" in out
     assert "agent loop 'tool_agent' is registered in verl and is the rollout's default" in out
     assert "tool config infra/verl/search_tool.yaml loads with verl's tool registry: search" in out
+
+
+def test_nq_hotpotqa_against_the_users_search_r1_retriever_renders_one_task_offline(tmp_path):
+    """docs/search-r1.md's launch: no retrieval-server task, the trainer's env names the retriever, verl's tool config
+    asks it in Search-R1's API; no hub is reached (the data step only says where preparation will read)."""
+    done = _launch(tmp_path, "-o", "storage.uri=s3://my-bucket/verl-grpo",
+                   "-o", "services.retrieval.url=http://10.0.0.5:8000/retrieve", config="nq_hotpotqa",
+                   HF_HUB_OFFLINE="1", AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert 'VERL_GRPO_RETRIEVAL_SERVER_URL: "http://10.0.0.5:8000/retrieve"' in out and 'USE_RETRIEVAL: "true"' in out
+    assert "tool config infra/verl/search_r1_retriever_tool.yaml loads with verl's tool registry: search" in out
+    assert "SkyPilot loads the multinode YAML" in out and "retrieval-server" not in out
+    assert "data.train_files=/tmp/verl-grpo/datasets/nq_hotpotqa/" in out and "GPU memory fits" in out
+    assert any(line.startswith("  - data: ") and "nq_hotpotqa" in line for line in out.splitlines())

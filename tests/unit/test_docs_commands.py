@@ -142,6 +142,11 @@ MAPPED = [
            "needs a cloud and a bucket: the GPU page's test runs every command of the page, as printed on the local "
            "rehearsal, moto S3 and offline SkyPilot, or in the closest form its FORMS name",
            (GPU_TEST, 'tests/e2e/test_readme_gpu.py::="gpu-skypilot.md"'), page=GPU_PAGE),
+    Mapped(r"verl-grpo launch -c nq_hotpotqa -o storage\.uri=s3://my-bucket/verl-grpo "
+           r"-o services\.retrieval\.url=http://10\.0\.0\.5:8000/retrieve( --dry-run)?",
+           "needs a cloud, a bucket and a Search-R1 retriever: the dry run of the same command runs offline",
+           ("tests/integration/test_launch_dry_run.py::"
+            "test_nq_hotpotqa_against_the_users_search_r1_retriever_renders_one_task_offline",), page="docs/search-r1.md"),
     Mapped(r"\.venv/bin/mlflow ui --backend-store-uri sqlite:///\$PWD/\.state/mlflow\.db --host 127\.0\.0\.1 "
            r"--port 5000",
            "a server that runs until stopped; `make serve` starts the same UI (`mlflow server`, of which `mlflow ui` "
