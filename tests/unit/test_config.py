@@ -18,6 +18,29 @@ def test_shipped_profiles_load_and_merge_in_order():
         assert load_config([name], env={}).dataset.name == name
 
 
+def test_a_files_by_dataset_settings_apply_to_that_dataset_only_wherever_the_dataset_is_named(tmp_path):
+    f = tmp_path / "cpu.yaml"
+    f.write_text("warm_start:\n  steps: 40\nby_dataset:\n  squad:\n    warm_start:\n      steps: 16\n"
+                 "  mbpp:\n    trainer:\n      logging_steps: 3\n")
+    assert load_config(["squad", f], env={}).warm_start.steps == 16
+    assert load_config(["gsm8k", f], env={}).warm_start.steps == 40
+    assert load_config([f, "mbpp"], env={}).trainer.logging_steps == 3  # the run's dataset, not the one read so far
+    assert load_config(["gsm8k", f], ["dataset.name=squad"], env={}).warm_start.steps == 16
+    assert load_config(["gsm8k", f], env={"DATASET": "squad"}).warm_start.steps == 16
+    # ... and below the later files, env knobs and overrides, like the rest of the file
+    assert load_config(["squad", f], ["warm_start.steps=5"], env={}).warm_start.steps == 5
+    later = tmp_path / "later.yaml"
+    later.write_text("warm_start:\n  steps: 7\n")
+    assert load_config(["squad", f, later], env={}).warm_start.steps == 7
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("by_dataset:\n  squadd:\n    warm_start:\n      steps: 1\n")
+    with pytest.raises(ConfigError, match="by_dataset.squadd names no dataset; use one of gsm8k, math"):
+        load_config(["gsm8k", bad], env={})
+    bad.write_text("by_dataset:\n  squad:\n    warm_start:\n      step: 1\n")  # checked even when unused
+    with pytest.raises(ConfigError, match="unknown key 'by_dataset.squad.warm_start.step'; did you mean"):
+        load_config(["gsm8k", bad], env={})
+
+
 def test_precedence_file_then_env_then_override(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("algorithm:\n  rollouts: 6\n  lr: 0.001\n")

@@ -53,6 +53,10 @@ DERIVED_KNOBS: tuple[str, ...] = ("GRAD_ACCUM", "USE_RETRIEVAL")
 ALL_KNOBS: tuple[str, ...] = (*ENV_KNOBS, *DERIVED_KNOBS)
 KNOB_ORIGINS = {f"env var {var}" for var in KNOB_ALSO_SETS}
 
+BY_DATASET = "by_dataset"
+"""A config file's section of settings that apply only when the run trains on the dataset named (after the rest of
+that file): configs/local.yaml sizes a QA run with the search tool, whose examples are several times longer, apart."""
+
 DEFAULT_PROFILES: tuple[str, ...] = ("gsm8k",)
 """The shipped profiles of a run that names no config file (what the CLI without `-c` and the flow default to)."""
 
@@ -80,8 +84,12 @@ def load_config(
     env = os.environ if env is None else env
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    for f in _dataset_profiles(files, env):
-        _deep_merge(merged, _read_yaml(resolve_config_path(f)))
+    documents = [(resolve_config_path(f), _read_yaml(resolve_config_path(f))) for f in _dataset_profiles(files, env)]
+    dataset = _dataset_name([doc for _, doc in documents], env, overrides)
+    for path, doc in documents:
+        per_dataset = _by_dataset(path, doc.pop(BY_DATASET, None))
+        _deep_merge(merged, doc)
+        _deep_merge(merged, per_dataset.get(dataset) or {})
     knobs = _knob_values(env)
     for var, value in knobs.items():
         origin = f"env var {var}"
@@ -108,6 +116,37 @@ def load_config(
                           f"(verl.adv_estimator=gae), and this run uses {cfg.verl.adv_estimator!r}; set "
                           "-o verl.adv_estimator=gae or unset CRITIC_LR")
     return cfg
+
+
+def _dataset_name(documents: Sequence[Mapping[str, Any]], env: Mapping[str, str], overrides: Sequence[str]) -> Any:
+    """The run's dataset as the merge will resolve it: the last `-o dataset.name=`, else DATASET, else the last file
+    naming one, else the field's default."""
+    for item in reversed(overrides):
+        key, sep, raw = item.partition("=")
+        if sep and key.strip() == "dataset.name":
+            return raw.strip()
+    if "DATASET" in env:
+        return env["DATASET"].strip()
+    named = [d["dataset"]["name"] for d in documents
+             if isinstance(d.get("dataset"), Mapping) and "name" in d["dataset"]]
+    return named[-1] if named else RunConfig.model_fields["dataset"].default_factory().name
+
+
+def _by_dataset(path: Path, section: Any) -> dict[str, Any]:
+    """A file's `by_dataset:` section, checked: each key a dataset, each value sections of the config."""
+    if section is None:
+        return {}
+    names = get_args(DatasetName)
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"config file {path}: {BY_DATASET} must map dataset names ({', '.join(names)}) to settings")
+    for name, settings in section.items():
+        if name not in names:
+            raise ConfigError(f"config file {path}: {BY_DATASET}.{name} names no dataset; use one of "
+                              f"{', '.join(names)}")
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"config file {path}: {BY_DATASET}.{name} must hold sections (warm_start:, ...)")
+        _check_keys(settings, RunConfig, prefix=f"{BY_DATASET}.{name}.")
+    return dict(section)
 
 
 def _knob_values(env: Mapping[str, str]) -> dict[str, Any]:
