@@ -36,8 +36,9 @@ def _demo_corpus(tmp_path: Path) -> Path:
 def test_search_calls_reach_the_retrieval_server_and_the_call_rate_is_tracked(tiny_overrides, tmp_path):
     overrides = [
         *tiny_overrides,
-        "services.enabled=[retrieval]", "services.termination_delay_s=0", "services.retrieval.index_kind=flat",
+        "services.enabled=[retrieval]", "services.termination_delay_s=0", "services.retrieval.index_kind=bm25",
         f"services.retrieval.corpus={_demo_corpus(tmp_path)}", "services.retrieval.max_tool_turns=1",
+        "services.retrieval.default_top_k=1", "services.retrieval.max_result_chars=400",  # 166 tokens of room
         "algorithm.total_steps=2", "algorithm.max_response_length=96",  # the call is 59 tiny-BPE tokens
         "algorithm.temperature=0.3",  # the tiny model's call JSON survives sampling at a low temperature
         "warm_start.enabled=true", "warm_start.search_share=1.0", "warm_start.steps=200", "warm_start.batch_size=2",
@@ -48,7 +49,7 @@ def test_search_calls_reach_the_retrieval_server_and_the_call_rate_is_tracked(ti
 
     assert any(line.startswith("tools: search") for line in lines)
     log = (state_dir() / "work" / outcome.run.run_id / "services" / "retrieval-server.log").read_text()
-    calls = re.findall(r"search: 1 query, top_k=3, first '([^']*)'", log)
+    calls = re.findall(r"search: 1 query, top_k=1, first '([^']*)'", log)  # the call names no top_k
     assert calls, "the retrieval-server's log shows no search call"
 
     records = [json.loads(line) for line in

@@ -128,4 +128,4 @@ def test_verls_trls_and_the_evals_search_ask_it_in_search_r1s_api_without_the_to
     assert [body for _, _, body in seen] == [
         {"queries": ["who won super bowl 50"], "topk": 3, "return_scores": True},
         {"queries": ["who won super bowl 50"], "topk": 2, "return_scores": True},
-        {"queries": ["who won super bowl 50"], "return_scores": True}]
+        {"queries": ["who won super bowl 50"], "topk": 3, "return_scores": True}]  # ours: default_top_k, not its own

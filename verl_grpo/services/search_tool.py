@@ -64,17 +64,18 @@ def search(query: str, top_k: int | None = None) -> str:
 
 
 def bound_search(max_chars: int, url: str | None = None, token: str | None = None,
-                 api: str = "verl_grpo") -> Callable[..., str]:
+                 api: str = "verl_grpo", default_top_k: int | None = None) -> Callable[..., str]:
     """`search` with its results cut at `max_chars` (services.retrieval.max_result_chars), answered by the
     retriever at `url` in `api`'s shape with `token` (default: the run's retrieval-server and the environment's
-    token, as `search`; "" sends none). The same name, docstring and signature, so every caller offers the model the
-    schema training offered."""
+    token, as `search`; "" sends none), asking `default_top_k` passages when the call names none (None: the
+    retriever's own default). The same name, docstring and signature, so every caller offers the model the schema
+    training offered."""
 
     @functools.wraps(search)
     def bound(query: str, top_k: int | None = None) -> str:
         client = (ServiceClient(base_url(url), token=token, timeout_s=30.0, retries=2) if url else
                   ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2))
-        return _search(client, query, top_k, max_chars, api)
+        return _search(client, query, default_top_k if top_k is None else top_k, max_chars, api)
 
     return bound
 

@@ -43,8 +43,8 @@ def tool_functions(cfg: RunConfig) -> list[Callable[..., str]]:
     from verl_grpo.services.search_tool import bound_search
 
     r = cfg.services.retrieval
-    if r.url:
-        return [bound_search(r.max_result_chars, r.url, token="", api="search_r1")]
+    if r.url:  # that retriever has a default of its own: ask ours
+        return [bound_search(r.max_result_chars, r.url, token="", api="search_r1", default_top_k=r.default_top_k)]
     return [bound_search(r.max_result_chars)]
 
 
