@@ -91,6 +91,26 @@ def test_the_budget_counts_tool_results_and_max_turns_bounds_the_rounds(tokenize
     assert gen.tool_calls == 2 and len(always.prompts) == 3 and len(search.queries) == 3
 
 
+def test_result_room_is_for_tool_results_only_the_models_own_tokens_keep_their_budget(tokenizer):
+    """max_new_tokens = the model's own budget + result_room (runner: tool_result_tokens): an answer without a call
+    gets only its own budget, and one that calls gets the room for the passages on top."""
+    call_tokens = len(tokenizer(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"])
+    answer_tokens = len(tokenizer(ANSWER + "<|im_end|>", add_special_tokens=False)["input_ids"])
+    own = call_tokens + answer_tokens
+    rambling = Scripted(tokenizer, first=ANSWER * 6)  # answers at length, never searches
+    loop = ToolLoopGenerator(rambling, [search], max_turns=1, model_name="tiny", result_room=300)
+    prompts = loop.render_prompts([[{"role": "user", "content": "Who won?"}]])
+    [[gen]] = loop.generate(prompts, GenerationParams(max_new_tokens=own + 300))
+    assert [params.max_new_tokens for _, params in rambling.prompts] == [own]
+    assert gen.tokens == own and not gen.finished and gen.tool_calls == 0
+
+    searching = Scripted(tokenizer)
+    loop = ToolLoopGenerator(searching, [search], max_turns=1, model_name="tiny", result_room=300)
+    [[gen]] = loop.generate(prompts, GenerationParams(max_new_tokens=own + 300))
+    assert [params.max_new_tokens for _, params in searching.prompts] == [own, answer_tokens]
+    assert gen.finished and gen.tool_calls == 1 and gen.tokens == own
+
+
 def test_a_failing_or_unknown_tool_answers_with_its_error_as_in_training(tokenizer):
     def broken(query: str) -> str:
         """Search.

@@ -332,7 +332,8 @@ def _load_generator(cfg: RunConfig, model_dir: Path) -> Generator:
         return generator
     from verl_grpo.evaluate.tool_loop import ToolLoopGenerator
 
-    return ToolLoopGenerator(generator, eval_tools(cfg), cfg.services.retrieval.max_tool_turns, cfg.model.name)
+    return ToolLoopGenerator(generator, eval_tools(cfg), cfg.services.retrieval.max_tool_turns, cfg.model.name,
+                             result_room=tool_result_tokens(cfg))
 
 
 def _prompt_lengths(generator: Generator, prompts: Sequence[str]) -> list[int]:

@@ -3,10 +3,11 @@ training, where TRL's GRPOTrainer runs the same loop (`GRPOTrainer._tool_call_lo
 
 The prompt is rendered with the tool list; a response that calls tools (parsed with TRL's `parse_response`, the
 parser training used) gets their results appended the way the chat template renders tool messages, and generation
-goes on from there, up to `max_turns` rounds of calls and the eval's token budget (the tool results count against
-it, as TRL counts them against max_completion_length). The scored text is what the rewards saw in training: the
-assistant turns, each with its <think> block (`trl_adapter.message_text`); the whole exchange, tool results
-included, is the generation's `transcript`.
+goes on from there, up to `max_turns` rounds of calls and the eval's token budget: `result_room` of it is for the
+tool results (they count against it, as TRL counts them against max_completion_length), the rest for the model's own
+tokens, so a response that never calls a tool stops where the model's own budget ends. The scored text is what the
+rewards saw in training: the assistant turns, each with its <think> block (`trl_adapter.message_text`); the whole
+exchange, tool results included, is the generation's `transcript`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class _Exchange:
 class ToolLoopGenerator:
     """A Generator whose responses may call `tools` (plain functions returning text, as TRL takes them)."""
 
-    def __init__(self, inner: Any, tools: Sequence[Callable[..., str]], max_turns: int, model_name: str = ""):
+    def __init__(self, inner: Any, tools: Sequence[Callable[..., str]], max_turns: int, model_name: str = "",
+                 result_room: int = 0):
         from transformers.utils import get_json_schema
         from trl.chat_template_utils import add_response_schema
 
@@ -50,20 +52,22 @@ class ToolLoopGenerator:
         self.tools = {tool.__name__: tool for tool in tools}
         self.schemas = [get_json_schema(tool) for tool in tools]
         self.max_turns = max_turns
+        self.result_room = result_room
 
     def render_prompts(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
         return render_prompts(self.tokenizer, conversations, tools=self.schemas)
 
     def generate(self, prompts: Sequence[str], params: GenerationParams,
                  progress: Progress | None = None) -> list[list[Generation]]:
-        first = self.inner.generate(prompts, params, progress)
+        own = max(1, params.max_new_tokens - self.result_room)
+        first = self.inner.generate(prompts, replace(params, max_new_tokens=own), progress)
         exchanges = [[self._take(_Exchange(p, len(p)), g) for g in gens] for p, gens in zip(prompts, first)]
         flat = [x for per_prompt in exchanges for x in per_prompt]
         for _ in range(self.max_turns):
-            calling = [x for x in flat if self._call_tools(x, params.max_new_tokens)]
+            calling = [x for x in flat if x.generated < own and self._call_tools(x, params.max_new_tokens)]
             by_budget: dict[int, list[_Exchange]] = {}
             for x in calling:
-                by_budget.setdefault(params.max_new_tokens - x.spent, []).append(x)
+                by_budget.setdefault(min(own - x.generated, params.max_new_tokens - x.spent), []).append(x)
             for budget, group in by_budget.items():
                 more = self.inner.generate([x.prompt for x in group],
                                            replace(params, max_new_tokens=budget, samples=1))
