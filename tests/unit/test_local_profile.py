@@ -40,8 +40,9 @@ PER_DATASET = {
     "mbpp": {"dataset.name": "mbpp", "algorithm.max_prompt_length": 768},
     # local.yaml's by_dataset.squad: its tool-calling examples are ~4x longer, so fewer and smaller steps
     "squad": {"dataset.name": "squad", "algorithm.max_prompt_length": 512, "services.enabled": ["retrieval"],
-              "warm_start.steps": 16, "warm_start.batch_size": 2, "warm_start.lr": 1e-4,
-              "algorithm.train_batch_size": 1, "algorithm.total_steps": 4},
+              "warm_start.steps": 14, "warm_start.batch_size": 2, "warm_start.lr": 1e-4,
+              "algorithm.train_batch_size": 1, "algorithm.total_steps": 2, "algorithm.save_freq": 1,
+              "services.retrieval.max_result_chars": 700, "eval.batch_size": 20},
 }
 
 
