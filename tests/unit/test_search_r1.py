@@ -38,6 +38,9 @@ def test_trajectory_is_a_search_call_then_an_answer_from_the_returned_passage():
     # The answer turn is in the response format the rewards score, with the reference span as the answer.
     assert answer.completion["content"].endswith(f"<answer>{truth}</answer>")
     assert trajectories(PASSAGES, QUESTIONS, 3, "SYS", format_passages, seed=0) == examples[:3]
+    by_title = trajectories(PASSAGES, QUESTIONS, 4, "SYS", format_passages, seed=0, query="title")
+    assert by_title[0].completion["tool_calls"][0]["function"]["arguments"] == {"query": title}
+    assert by_title[1].prompt[3] == answer.prompt[3]  # the same passage comes back either way
     assert trajectories(PASSAGES, QUESTIONS, 4, "", format_passages)[0].prompt[0]["role"] == "user"
 
 

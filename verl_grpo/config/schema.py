@@ -165,6 +165,10 @@ class WarmStartConfig(_Section):
     """With the search tool (`retrieval` in services.enabled): share of the examples that are Search-R1 trajectories
     over the retrieval corpus (a `search` call for a question, then the answer from the passage it returns); the
     rest are the train split's solutions. A small model emits no tool call it was never shown."""
+    search_query: Literal["question", "title"] = "question"
+    """What the search trajectories' calls look up: the question itself (it finds the paragraph the question was
+    written about best) or the paragraph's article title (a short entity look-up, Search-R1's style: the call a
+    small model learns to write soonest, but the title finds the article, seldom the paragraph)."""
 
 
 class TrainerConfig(_Section):

@@ -127,7 +127,7 @@ def search_examples(spec: WorkerSpec, count: int):
     system = default_system_prompt(cfg.dataset.name) if cfg.dataset.system_prompt is None else cfg.dataset.system_prompt
     max_chars = cfg.services.retrieval.max_result_chars
     return trajectories(passages, questions, count, system, lambda hits: clip_result(format_passages(hits), max_chars),
-                        seed=cfg.algorithm.seed)
+                        seed=cfg.algorithm.seed, query=cfg.warm_start.search_query)
 
 
 class _Lines(TrainerCallback):
