@@ -8,6 +8,7 @@ place, and carries a marker file, so a crash never leaves a half model that a la
 
 from __future__ import annotations
 
+import hashlib
 import json
 import keyword
 import os
@@ -126,7 +127,9 @@ def load_model_and_tokenizer(name_or_path: Path | str, dtype: str = "float32"):
 def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     """Build (once) a random-init ~1M-param Qwen2 causal LM with a BPE tokenizer and a ChatML template."""
     out_dir = Path(out_dir)
-    return cached_build(out_dir, {"kind": "tiny", "seed": seed, "version": TINY_FORMAT_VERSION},
+    # Its tokenizer is trained on the system prompts too: a new prompt makes a new tiny model, not a stale cache hit.
+    prompts = hashlib.sha256("\n".join(SYSTEM_PROMPTS.values()).encode()).hexdigest()[:16]
+    return cached_build(out_dir, {"kind": "tiny", "seed": seed, "version": TINY_FORMAT_VERSION, "prompts": prompts},
                          lambda tmp: _write_tiny_model(tmp, seed))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -120,6 +121,17 @@ def test_tiny_build_is_deterministic_idempotent_and_atomic(tmp_path, tiny_model_
     assert build_tiny_model(out) == out
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp, "a complete build is reused"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tiny.tmp")] == []
+
+
+def test_a_cached_tiny_model_built_before_a_new_system_prompt_is_built_again(tmp_path, tiny_model_dir, monkeypatch):
+    """The tiny tokenizer learns the system prompts: a cache built before a dataset added one is stale, not reused."""
+    out = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, out)
+    assert build_tiny_model(out) == out and is_complete(out)
+    monkeypatch.setitem(models.SYSTEM_PROMPTS, "new_dataset", "Answer the new questions inside <answer> </answer>.")
+    stamp = (out / "tokenizer.json").read_bytes()
+    build_tiny_model(out)
+    assert (out / "tokenizer.json").read_bytes() != stamp
 
 
 def test_tiny_build_replaces_a_half_written_dir(tmp_path):

@@ -84,7 +84,8 @@ def load_config(
     env = os.environ if env is None else env
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    documents = [(resolve_config_path(f), _read_yaml(resolve_config_path(f))) for f in _dataset_profiles(files, env)]
+    paths = [resolve_config_path(f) for f in _dataset_profiles(files, env)]
+    documents = [(path, _read_yaml(path)) for path in paths]
     dataset = _dataset_name([doc for _, doc in documents], env, overrides)
     for path, doc in documents:
         per_dataset = _by_dataset(path, doc.pop(BY_DATASET, None))

@@ -60,7 +60,7 @@ def search(query: str, top_k: int | None = None) -> str:
         query: What to look up, as a question or keywords.
         top_k: How many passages to return (1 to 10; the server's default when omitted).
     """
-    return _search(ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2), query, top_k, None)
+    return _search(_client(None, None), query, top_k, None)
 
 
 def bound_search(max_chars: int, url: str | None = None, token: str | None = None,
@@ -73,11 +73,16 @@ def bound_search(max_chars: int, url: str | None = None, token: str | None = Non
 
     @functools.wraps(search)
     def bound(query: str, top_k: int | None = None) -> str:
-        client = (ServiceClient(base_url(url), token=token, timeout_s=30.0, retries=2) if url else
-                  ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2))
-        return _search(client, query, default_top_k if top_k is None else top_k, max_chars, api)
+        return _search(_client(url, token), query, default_top_k if top_k is None else top_k, max_chars, api)
 
     return bound
+
+
+def _client(url: str | None, token: str | None) -> ServiceClient:
+    """A client of the retriever at `url` with `token`, or of the run's retrieval-server with the environment's."""
+    if url:
+        return ServiceClient(base_url(url), token=token, timeout_s=30.0, retries=2)
+    return ServiceClient(service_url("retrieval"), timeout_s=30.0, retries=2)
 
 
 def _search(client: ServiceClient, query: str, top_k: int | None, max_chars: int | None,
