@@ -11,6 +11,7 @@ import pytest
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.trainers import TRAINERS, get_trainer
+from verl_grpo.trainers.precision import native_bf16
 from verl_grpo.trainers.trl.backend import LOSS_TYPES, grpo_args, trl_top_k
 from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.metrics import MetricsLog, read_metrics
@@ -40,7 +41,9 @@ def test_algorithm_fields_map_to_trl_names(tmp_path):
 def test_cpu_settings_keep_full_precision_and_full_checkpoints(tmp_path):
     args = grpo_args(_cfg(), tmp_path, use_cpu=True)
     assert args.use_cpu is True
-    assert args.bf16 is False and args.fp16 is False
+    # trainer.precision=auto follows the host (bf16 only where this CPU computes it natively: test_precision.py)
+    assert args.bf16 is native_bf16(use_cpu=True) and args.fp16 is False
+    assert grpo_args(_cfg("trainer.precision=fp32"), tmp_path, use_cpu=True).bf16 is False
     assert args.save_only_model is False, "optimizer/scheduler/RNG are needed for an exact resume"
     assert args.dataloader_num_workers == 0
     assert args.output_dir == str(tmp_path)
