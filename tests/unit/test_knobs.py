@@ -78,7 +78,7 @@ def test_dataset_selects_the_dataset_profile():
     local.yaml still on top."""
     cfg = load_config(["gsm8k", "local"], env={"DATASET": "math"})
     assert cfg.dataset.name == "math" and cfg.algorithm.max_prompt_length == 1024
-    assert cfg.algorithm.total_steps == 12  # local.yaml
+    assert cfg.algorithm.total_steps == 16  # local.yaml
     assert load_config(["gsm8k"], env={"DATASET": "mbpp"}).algorithm.train_batch_size == 16
     assert "unknown dataset 'svamp'; use one of gsm8k, math, mbpp, squad, nq_hotpotqa" in _error(files=["gsm8k"], env={"DATASET": "svamp"})
 
