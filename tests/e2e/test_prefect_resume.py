@@ -96,9 +96,15 @@ def test_a_flow_run_given_a_run_id_its_store_does_not_know_fails_before_training
                               job_variables={"env": {"VERL_GRPO_HOME": str(other)}}, timeout=RUN_TIMEOUT_S)
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run.id).state
-        logs = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))]
+        # the flow process ships its log lines to the API in the background: they may land after its final state
+        deadline = time.monotonic() + 60
+        while True:
+            logs = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))]
+            reason = [line for line in logs if "no such run in the store" in line]
+            if reason or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     assert state.type == StateType.FAILED, state
-    reason = [line for line in logs if "no such run in the store" in line]
     assert reason and f"'{run_id}'" in reason[0] and f"file://{other}/store" in reason[0], logs
     assert not (other / "store" / "runs").exists() and not (other / "work" / run_id).exists()
     assert not any("step 1/" in line for line in logs)

@@ -17,7 +17,7 @@ CPU_RUN = {
     "algorithm.loss_agg_mode": "token-mean", "algorithm.kl_coef": 0.0, "algorithm.lr": 1e-05,
     "algorithm.temperature": 1.0, "algorithm.top_p": 1.0, "algorithm.top_k": -1,
     "algorithm.max_response_length": 128, "algorithm.train_batch_size": 2, "algorithm.total_steps": 16,
-    "algorithm.save_freq": 4, "algorithm.seed": 42,
+    "algorithm.save_freq": 2, "algorithm.seed": 42,
     "trainer.backend": "trl", "trainer.micro_batch_size": None, "trainer.threads": None, "trainer.logging_steps": 1,
     "trainer.no_signal_steps": 3, "trainer.stop_on_no_signal": False,
     "warm_start.enabled": True, "warm_start.steps": 40, "warm_start.batch_size": 4, "warm_start.lr": 5e-05,
