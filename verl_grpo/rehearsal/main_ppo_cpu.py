@@ -75,10 +75,15 @@ def rehearsal_line(config: Any, loggers: list[str]) -> str:
         extra_not_real += f", actor strategy {strategy} (FSDP2 checkpoint layout written instead)"
     if config.get("critic", {}).get("enable", False):
         extra_not_real += ", critic (not trained)"
+    from verl_grpo.rehearsal.standin_agent_loop import uses_agent_loop
+
+    rollout = config.actor_rollout_ref.rollout
+    agent_loop = (f", multi-turn rollouts in verl's AgentLoopWorker + {rollout.agent.default_agent_loop} loop with the "
+                  f"tools of {rollout.multi_turn.tool_config_path} called for real" if uses_agent_loop(config) else "")
     return ("rehearsal: verl.trainer.main_ppo stood in by verl_grpo.rehearsal.main_ppo_cpu (CPU): real: verl "
             "Hydra config + validate_config, RLHFDataset + StatefulDataLoader (data.pt), custom reward via verl's "
-            "loader, GRPO advantage + policy loss of verl.core_algos, AdamW/LR schedule of verl's FSDP engine, "
-            "FSDP2 (world size 1, gloo) + FSDPCheckpointManager, checkpoint callback, resume_mode, Tracking "
+            f"loader{agent_loop}, GRPO advantage + policy loss of verl.core_algos, AdamW/LR schedule of verl's FSDP "
+            "engine, FSDP2 (world size 1, gloo) + FSDPCheckpointManager, checkpoint callback, resume_mode, Tracking "
             f"[{','.join(x for x in loggers if x != 'wandb')}]{wandb}; not real: vLLM rollouts (HF generate "
             f"of {config.actor_rollout_ref.model.path}), Ray worker groups, GPUs, validation (test_freq)"
             f"{extra_not_real}")

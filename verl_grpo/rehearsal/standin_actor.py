@@ -146,9 +146,16 @@ class StandinActor:
         return {"prompts": prompts, "prompt_mask": prompt_mask, "responses": responses,
                 "response_mask": response_mask}
 
+    @staticmethod
+    def attended(rollout: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The response tokens the model attends to: its own and, in a multi-turn rollout, the tool results too
+        (`response_mask`, the loss mask, holds only its own)."""
+        return rollout.get("response_attention", rollout["response_mask"])
+
     def decode_responses(self, rollout: dict[str, torch.Tensor]) -> list[str]:
+        """Each response as verl's reward manager decodes it: every attended token (tool results included)."""
         out = []
-        for resp, mask in zip(rollout["responses"], rollout["response_mask"], strict=True):
+        for resp, mask in zip(rollout["responses"], self.attended(rollout), strict=True):
             out.append(self.tokenizer.decode(resp[: int(mask.sum())], skip_special_tokens=True))
         return out
 
@@ -156,7 +163,7 @@ class StandinActor:
         from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
         prompts, responses = rollout["prompts"][rows], rollout["responses"][rows]
-        mask = torch.cat([rollout["prompt_mask"][rows], rollout["response_mask"][rows]], dim=1)
+        mask = torch.cat([rollout["prompt_mask"][rows], self.attended(rollout)[rows]], dim=1)
         input_ids = torch.cat([prompts, responses], dim=1)
         position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0)
         logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits
@@ -173,7 +180,7 @@ class StandinActor:
 
         mask = rollout["response_mask"]
         token_level_rewards = torch.zeros(mask.shape, dtype=torch.float32)
-        last = (mask.sum(dim=1) - 1).clamp(min=0)
+        last = (self.attended(rollout).sum(dim=1) - 1).clamp(min=0)
         token_level_rewards[torch.arange(mask.shape[0]), last] = torch.tensor(scores, dtype=torch.float32)
         adv, _ = compute_grpo_outcome_advantage(
             token_level_rewards=token_level_rewards, response_mask=mask, index=uids,

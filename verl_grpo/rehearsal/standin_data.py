@@ -84,10 +84,12 @@ class StandinData:
         """One event loop for every async score of the run (clients are cached per loop, as in verl's reward loop)."""
         return asyncio.new_event_loop()
 
-    def score(self, batch: dict[str, Any], row: int, response_str: str) -> tuple[float, dict[str, Any]]:
-        """verl NaiveRewardManager.run_single's keyword call on prompt `row` of the batch."""
+    def score(self, batch: dict[str, Any], row: int, response_str: str,
+              num_turns: int | None = None) -> tuple[float, dict[str, Any]]:
+        """verl NaiveRewardManager.run_single's keyword call on prompt `row` of the batch (`num_turns`: the agent
+        loop's `__num_turns__`)."""
         extra_info = dict(batch["extra_info"][row] or {})
-        extra_info["num_turns"] = None
+        extra_info["num_turns"] = num_turns
         extra_info["rollout_reward_scores"] = {}
         reward_fn_key = self.config.data.get("reward_fn_key", "data_source")
         result = self.reward_fn(data_source=batch[reward_fn_key][row], solution_str=response_str,

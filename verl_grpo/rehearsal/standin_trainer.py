@@ -20,6 +20,7 @@ import torch
 
 from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_PENDING, PREEMPT_HOLD_S
 from verl_grpo.rehearsal.standin_actor import StandinActor
+from verl_grpo.rehearsal.standin_agent_loop import AgentLoopRollouts, uses_agent_loop
 from verl_grpo.rehearsal.standin_data import StandinData
 
 HEADLINE = ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/lr", "timing_s/step")
@@ -106,6 +107,13 @@ class StandinTrainer:
         with open_dict(config):
             config.actor_rollout_ref.actor.optim.total_training_steps = total
         self.actor = StandinActor(config, self.data.tokenizer)
+        self.agent_loop = (AgentLoopRollouts(config, self.actor.model, self.data.tokenizer, self.data.loop)
+                           if uses_agent_loop(config) else None)
+        if self.agent_loop is not None:
+            print(f"rehearsal: rollouts in verl's AgentLoopWorker ({config.actor_rollout_ref.rollout.agent.default_agent_loop}"
+                  f" loop by default), tools {','.join(self.agent_loop.tool_names) or 'none'} loaded from "
+                  f"{config.actor_rollout_ref.rollout.multi_turn.tool_config_path}; its LLM server stood in by HF "
+                  "generate", flush=True)
         self.global_steps = 0
         self.logger = Tracking(project_name=config.trainer.project_name,
                                experiment_name=config.trainer.experiment_name, default_backend=loggers,
@@ -152,11 +160,16 @@ class StandinTrainer:
         with torch.random.fork_rng(devices=[]):
             # sampling is a function of (data.seed, step, weights): a resumed run samples as an uninterrupted one
             torch.manual_seed(seed * 1_000_003 + self.global_steps)
-            rollout = self.actor.rollout(list(batch["raw_prompt"]), n, max_response_length)
+            if self.agent_loop is not None:
+                rollout = self.agent_loop.rollout(batch, n, self.global_steps)
+            else:
+                rollout = self.actor.rollout(list(batch["raw_prompt"]), n, max_response_length)
         timing["gen"] = time.perf_counter() - t
         t = time.perf_counter()
         texts = self.actor.decode_responses(rollout)
-        scored = [self.data.score(batch, i // n, text) for i, text in enumerate(texts)]
+        turns = rollout.get("num_turns")
+        scored = [self.data.score(batch, i // n, text, None if turns is None else int(turns[i]))
+                  for i, text in enumerate(texts)]
         scores = [score for score, _ in scored]
         timing["reward"] = time.perf_counter() - t
         if rollout_data_dir := self.config.trainer.get("rollout_data_dir"):
@@ -165,8 +178,15 @@ class StandinTrainer:
         t = time.perf_counter()
         actor_metrics = self.actor.update(rollout, advantages)
         timing["update_actor"] = time.perf_counter() - t
-        resp_len = rollout["response_mask"].sum(dim=1).float()
+        resp_len = StandinActor.attended(rollout).sum(dim=1).float()
         valid_adv = advantages[rollout["response_mask"].bool()]
+        turn_metrics = {}
+        if turns is not None:  # verl's compute_data_metrics
+            turn_metrics = {"num_turns/min": float(turns.min()), "num_turns/max": float(turns.max()),
+                            "num_turns/mean": float(turns.mean())}
+            print(f"rehearsal: step {self.global_steps} agent loops: {len(texts)} rollouts, "
+                  f"{self.agent_loop.client.requests} generate calls so far, turns per rollout "
+                  f"{','.join(str(int(x)) for x in turns)}", flush=True)
         return {
             "critic/score/mean": float(np.mean(scores)),
             "critic/rewards/mean": float(np.mean(scores)),
@@ -181,6 +201,7 @@ class StandinTrainer:
             "response_length/min": float(resp_len.min()),
             "response_length/clip_ratio": float(torch.eq(resp_len, max_response_length).float().mean()),
             "prompt_length/mean": float(rollout["prompt_mask"].sum(dim=1).float().mean()),
+            **turn_metrics,
         }
 
     def _dump_generations(self, batch: dict[str, Any], n: int, rollout: dict[str, torch.Tensor], texts: list[str],
