@@ -105,7 +105,8 @@ def test_trl_reward_functions_score_through_the_server(group_env):
 def test_search_tool_for_trl_and_verl(group_env):
     from verl.tools.tool_registry import initialize_tools_from_config
 
-    from verl_grpo.services.search_tool import search, tool_config_path
+    from verl_grpo.services.search import search
+    from verl_grpo.services.search_tool import tool_config_path
 
     text = search("Which NFL team represented the AFC at Super Bowl 50?", top_k=2)
     assert text.startswith("Doc 1(Title: Super Bowl 50)") and "Doc 2(" in text and "Doc 3(" not in text

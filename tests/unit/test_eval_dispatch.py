@@ -78,6 +78,21 @@ def test_eval_packages_are_pinned_like_the_project_and_vllm_like_verl():
     assert f'vllm=={templates.VLLM_VERSION}; extra == "vllm"' in requires("verl")
 
 
+def test_a_run_that_searched_is_evaluated_with_the_tool_so_its_eval_node_installs_the_loop_and_a_retriever():
+    assert templates.eval_packages(_cfg()) == templates.EVAL_PACKAGES
+    searched = templates.eval_packages(_cfg("services.enabled=[retrieval]"))
+    assert searched[:len(templates.EVAL_PACKAGES)] == templates.EVAL_PACKAGES
+    extra = searched[len(templates.EVAL_PACKAGES):]
+    # TRL parses the tool calls as on the CPU path; the node serves the run's index with a retrieval-server of its own
+    assert extra == (f"trl=={templates.TRL_VERSION}", *templates.SERVICE_PACKAGES)
+    outside = templates.eval_packages(_cfg("services.enabled=[retrieval]", "services.retrieval.url=http://r:8000"))
+    assert outside[len(templates.EVAL_PACKAGES):] == (f"trl=={templates.TRL_VERSION}", "httpx")  # only a client
+    task = yaml.safe_load(_render("services.enabled=[retrieval]").yaml)
+    assert f"trl=={templates.TRL_VERSION}" in task["setup"] and "bm25s" in task["setup"]
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    assert f"trl=={templates.TRL_VERSION}" in lock  # the parser training used
+
+
 @pytest.mark.parametrize(("extra", "expected"), [
     ((), ("H100:1", 1)),
     (("verl.rollout_tp=4",), ("H100:4", 4)),

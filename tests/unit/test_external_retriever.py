@@ -68,7 +68,8 @@ def test_the_skypilot_task_runs_no_retrieval_server_and_its_tool_config_asks_the
     (alone,) = yaml.safe_load_all(render("multinode", {}, "services.enabled=[retrieval]", url).yaml)
     assert f"multi_turn.tool_config_path={SEARCH_R1_RETRIEVER_TOOL_CONFIG}" in alone["run"]
     cfg = load_config(["nq_hotpotqa"], [url], env={})
-    assert tool_env(cfg) == {"VERL_GRPO_RETRIEVAL_SERVER_URL": URL}  # VerlTrainer.plan puts it in the trainer's env
+    # VerlTrainer.plan puts them in the trainer's env
+    assert tool_env(cfg) == {"VERL_GRPO_RETRIEVAL_SERVER_URL": URL, "VERL_GRPO_SEARCH_TOP_K": "3"}
     assert tool_env(load_config(["gsm8k"], ["services.enabled=[retrieval]"], env={})) == {}
     group = load_config(["nq_hotpotqa"], [url, "skypilot.shape=job_group", "infra.provider=skypilot"], env={})
     with pytest.raises(ConfigError, match=r"holds only retrieval, served by the retriever at services\.retrieval"):
@@ -110,7 +111,8 @@ def test_verls_trls_and_the_evals_search_ask_it_in_search_r1s_api_without_the_to
 
     url, seen = retriever
     monkeypatch.setenv("VERL_GRPO_SERVICES_TOKEN", "the-services-token")
-    cfg = load_config(["nq_hotpotqa"], [f"services.retrieval.url={url}"], env={})
+    cfg = load_config(["nq_hotpotqa"], [f"services.retrieval.url={url}", "services.retrieval.default_top_k=4"],
+                      env={})
     for name, value in tool_env(cfg).items():  # the trainer's env, as VerlTrainer.plan gives it
         monkeypatch.setenv(name, value)
     (on_verl,) = initialize_tools_from_config(str(repo_root() / tool_overrides(cfg)[1].partition("=")[2]))
@@ -126,6 +128,6 @@ def test_verls_trls_and_the_evals_search_ask_it_in_search_r1s_api_without_the_to
     assert on_trl.__name__ == on_eval.__name__ == "search"
     assert [path for path, _, _ in seen] == ["/retrieve"] * 3 and {auth for _, auth, _ in seen} == {None}
     assert [body for _, _, body in seen] == [
-        {"queries": ["who won super bowl 50"], "topk": 3, "return_scores": True},
+        {"queries": ["who won super bowl 50"], "topk": 4, "return_scores": True},
         {"queries": ["who won super bowl 50"], "topk": 2, "return_scores": True},
-        {"queries": ["who won super bowl 50"], "topk": 3, "return_scores": True}]  # ours: default_top_k, not its own
+        {"queries": ["who won super bowl 50"], "topk": 4, "return_scores": True}]  # ours: default_top_k, not its own

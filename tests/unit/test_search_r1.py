@@ -8,7 +8,7 @@ from verl_grpo.config import load_config
 from verl_grpo.data.search_r1 import answer_sentence, trajectories
 from verl_grpo.rewards.scoring import compute_scores
 from verl_grpo.services.retrieval_index import Passage, Question
-from verl_grpo.services.search_tool import format_passages
+from verl_grpo.services.search import format_passages
 
 PASSAGES = [Passage("0-0", "Super Bowl 50", "Super Bowl 50 was an American football game. The Denver Broncos won it."),
             Passage("0-1", "Warsaw", "Warsaw is the capital of Poland. It has 1.7 million people.")]

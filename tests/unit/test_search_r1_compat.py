@@ -19,15 +19,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.services.retrieval_index import Passage, RetrievalIndex, make_faiss_index
 from verl_grpo.services.retrieval_server import Retriever, build_app
-from verl_grpo.services.search_tool import (
-    TRUNCATED,
-    SearchTool,
-    bound_search,
-    clip_result,
-    search,
-    tool_config_path,
-    validate_tool_config,
-)
+from verl_grpo.services.search import TRUNCATED, bound_search, clip_result, search
+from verl_grpo.services.search_tool import SearchTool, tool_config_path, validate_tool_config
 
 TOKEN = "tok"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -191,7 +184,7 @@ def test_tool_query_list_is_one_request_joined_as_verls_tool_did(server_url, tok
         "search: 2 queries, top_k=1, "]
     single, _, metrics = run_tool({"retrieval_service_url": server_url}, {"query": "Normandy"})
     assert single.text.startswith("Doc 1(Title: Normans) ") and "---" not in single.text
-    assert metrics == {"num_results": 3}
+    assert metrics == {"num_results": 2}  # a config without top_k asks the server's default_top_k
 
 
 @pytest.mark.parametrize("query_list", [[], ["ok", "  "], "Who won?", ["q"] * 11, [3]])
@@ -247,7 +240,7 @@ def test_search_r1_tool_config_loads_with_verls_loader(monkeypatch):
     assert validate_tool_config(path) == ["search"]
     (tool,) = initialize_tools_from_config(str(path))
     assert isinstance(tool, SearchTool) and tool.url == "http://retrieval-server-0.grp:8002"
-    assert tool.retriever_api == "verl_grpo" and tool.top_k == 3
+    assert tool.retriever_api == "verl_grpo" and tool.top_k is None  # our server's services.retrieval.default_top_k
     parameters = tool.tool_schema.function.parameters
     assert parameters.required == ["query_list"] and parameters.properties["query_list"].type == "array"
 

@@ -14,7 +14,7 @@ from verl_grpo.services.http import load_token
 from verl_grpo.services.local_group import service_command
 from verl_grpo.services.replay_buffer import ReplayBuffer, priorities
 from verl_grpo.services.reward_client import jsonable
-from verl_grpo.services.search_tool import format_passages
+from verl_grpo.services.search import format_passages
 from verl_grpo.services.serving import resolve_token
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import ClassVar
 
 import pandas as pd
 import pytest
+from test_external_retriever import retriever  # noqa: F401 - a fixture
 from transformers import AutoTokenizer
 
 from verl_grpo.config import RunConfig
@@ -96,6 +98,7 @@ class FakeLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     module = ModuleType("vllm")
+    module.__spec__ = ModuleSpec("vllm", None)  # what importlib.util.find_spec gives for a package (TRL asks it)
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams
     monkeypatch.setitem(sys.modules, "vllm", module)
@@ -221,10 +224,50 @@ def test_spec_holds_no_secrets_and_rejects_zero_gpus(monkeypatch, stored):
 @pytest.mark.parametrize(("reason", "finished"), [("stop", True), ("length", False), ("repetition", False)])
 def test_finish_reasons_map_to_finished(reason, finished):
     completion = SimpleNamespace(text="t", token_ids=(1, 2, 3), finish_reason=reason)
-    assert vllm_runner._generation(completion) == vllm_runner.Generation("t", 3, finished)
+    assert vllm_runner._generation(completion) == vllm_runner.Generation("t", 3, finished, ids=(1, 2, 3))
 
 
 @pytest.mark.parametrize("reason", ["abort", "error", None])
 def test_requests_vllm_gave_up_on_fail_the_eval_retryably(reason):
     with pytest.raises(InfraError, match="finish_reason"):
         vllm_runner._generation(SimpleNamespace(text="", token_ids=(), finish_reason=reason))
+
+
+CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "who won super bowl 50"}}\n</tool_call>'
+
+
+class SearchingLLM(FakeLLM):
+    """Calls `search` first; once the prompt holds the tool's result, answers right."""
+
+    def generate(self, prompts, sampling_params, *, use_tqdm: bool = True):
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        self.calls.append(([p["prompt_token_ids"] for p in prompts], params))
+        outputs = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt["prompt_token_ids"])
+            key = next(k for k in GOLD if f"({k})" in text)
+            reply = right(GOLD[key]) if "<tool_response>" in text else CALL
+            outputs.append(SimpleNamespace(request_id=str(len(outputs)), prompt=None, finished=True,
+                                           outputs=[self._completion(reply, "stop", params[0].max_tokens)]))
+        return outputs
+
+
+def test_a_run_that_trained_with_search_is_evaluated_with_it_on_the_vllm_node(
+        fake_vllm, stored, retriever, monkeypatch):  # noqa: F811 - retriever: the fixture imported above
+    url, seen = retriever
+    monkeypatch.setattr(fake_vllm, "LLM", SearchingLLM)
+    store, dataset, model_uri = stored
+    cfg = RunConfig.model_validate({**config(store, max_new_tokens=64).model_dump(mode="json"),
+                                    "services": {"enabled": ["retrieval"], "retrieval": {"url": url}}})
+    report = vllm_runner.run_spec(vllm_runner.plan_spec(cfg, model_uri, dataset, "run-1"))
+
+    assert (report.metrics["tool_use_rate"], report.metrics["accuracy"]) == (1.0, 1.0)
+    assert [body["queries"] for _, _, body in seen] == [["who won super bowl 50"]] * 3  # the retriever answered
+    (llm,) = SearchingLLM.instances
+    (first, _), (second, params) = llm.calls
+    assert len(first) == len(second) == 3
+    resumed = [llm.tokenizer.decode(ids) for ids in second]
+    # The second turn goes on from the call, with the retriever's passage as the tool's result
+    assert all(CALL in text and 'Doc 1(Title: "Super Bowl 50") The Denver Broncos' in text for text in resumed)
+    table = pd.read_parquet(report.table_uri.removeprefix("file://"))
+    assert table["tool_calls"].tolist() == [1, 1, 1]

@@ -56,7 +56,7 @@ def trajectories(passages: Sequence[Any], questions: Sequence[Any], count: int, 
                  render_hits, seed: int = 0, query: str = "question") -> list[ToolSftExample]:
     """`count` SFT examples (count // 2 trajectories, both turns of each; one more first turn when count is odd)
     from seeded-random answered questions. `passages`/`questions` as `retrieval_index.load_squad` returns them;
-    `render_hits` turns a list of {title, text} hits into the tool's text (`search_tool.format_passages`); `query`
+    `render_hits` turns a list of {title, text} hits into the tool's text (`search.format_passages`); `query`
     (warm_start.search_query) is what the call looks up, the question or the article title."""
     by_id = {p.id: p for p in passages}
     answered = [q for q in questions if q.answer and q.passage_id in by_id]

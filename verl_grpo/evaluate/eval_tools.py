@@ -41,7 +41,7 @@ def eval_tools(cfg: RunConfig) -> list[Callable[..., str]]:
         return []
     if cfg.services.retrieval.url:
         return tool_functions(cfg)
-    from verl_grpo.services.search_tool import bound_search
+    from verl_grpo.services.search import bound_search
 
     url, token = _retrieval_server(cfg)
     return [bound_search(cfg.services.retrieval.max_result_chars, url, token)]

@@ -328,6 +328,11 @@ def _load_generator(cfg: RunConfig, model_dir: Path) -> Generator:
     run's tools (evaluate.eval_tools) when it has any."""
     with _MODEL_LOAD:
         generator = HFGenerator(model_dir, cfg.model.dtype, cfg.eval.threads or cfg.trainer.threads)
+    return with_run_tools(cfg, generator)
+
+
+def with_run_tools(cfg: RunConfig, generator: Generator) -> Generator:
+    """The generator, offering the model the run's tools (evaluate.eval_tools) when it trained with any."""
     if not uses_search(cfg):
         return generator
     from verl_grpo.evaluate.tool_loop import ToolLoopGenerator

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, InfraError
+from verl_grpo.evaluate.eval_tools import stop_eval_services
 from verl_grpo.evaluate.generation import (
     Generation,
     GenerationParams,
@@ -34,11 +35,12 @@ from verl_grpo.evaluate.generation import (
     render_prompts,
 )
 from verl_grpo.evaluate.models import resolve_model_dir
-from verl_grpo.evaluate.runner import plan_eval, run_eval
+from verl_grpo.evaluate.runner import plan_eval, run_eval, with_run_tools
 from verl_grpo.rehearsal import ENV_ON_NODE, STANDIN_THREADS
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.store_layout import eval_report, eval_spec, eval_table
 from verl_grpo.trainers.exits import run_entry
+from verl_grpo.trainers.trl.tools import uses_search
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 
 GPU_MEMORY_UTILIZATION = 0.9
@@ -165,19 +167,39 @@ def _generation(completion: Any) -> Generation:
         raise InfraError(f"vLLM ended a request with finish_reason={completion.finish_reason!r} instead of a "
                          "response; the eval task's retry runs it again")
     return Generation(text=completion.text, tokens=len(completion.token_ids),
-                      finished=completion.finish_reason == "stop")
+                      finished=completion.finish_reason == "stop", ids=tuple(completion.token_ids))
 
 
 def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
-    """Download the model, generate with vLLM, score like the CPU path, write table and report to the store."""
-    cfg = spec.run_config()
+    """Download the model, generate with vLLM, score like the CPU path, write table and report to the store.
+
+    A run that trained with the `search` tool is evaluated with it, as on the CPU path (`runner.with_run_tools`): the
+    node starts a retrieval-server of its own over the run's index (or corpus) in the store, or asks the retriever at
+    services.retrieval.url, and stops it when the eval ends."""
+    cfg = node_config(spec.run_config())
     store = Store.from_config(cfg.storage)
-    plan = plan_eval(cfg, spec.dataset, store, tools=[])  # vLLM generation offers no tool yet (evaluate.tool_loop)
+    plan = plan_eval(cfg, spec.dataset, store)
     model_dir = resolve_model_dir(spec.model_uri, store)
-    generator = _generator(spec, cfg, model_dir)
-    report = run_eval(plan, spec.model_uri, generator, store, spec.table_rel, progress=progress)
+    generator = with_run_tools(cfg, _generator(spec, cfg, model_dir))
+    try:
+        report = run_eval(plan, spec.model_uri, generator, store, spec.table_rel, progress=progress)
+    finally:
+        stop_eval_services()
     store.write_text(report.model_dump_json(indent=1), spec.report_rel)
     return report
+
+
+def node_config(cfg: RunConfig) -> RunConfig:
+    """The run's config as a cluster node reads it: the retrieval corpus is the copy in the store that the launch
+    published (`services.commands.retrieval_corpus_uri`), as the job group's retrieval-server reads it, not a path on
+    the machine that launched."""
+    if not uses_search(cfg) or cfg.services.retrieval.url:
+        return cfg
+    from verl_grpo.services.commands import retrieval_corpus_uri
+
+    node = cfg.model_copy(deep=True)
+    node.services.retrieval.corpus = retrieval_corpus_uri(cfg)
+    return node
 
 
 def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:

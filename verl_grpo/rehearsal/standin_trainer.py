@@ -110,10 +110,10 @@ class StandinTrainer:
         self.agent_loop = (AgentLoopRollouts(config, self.actor.model, self.data.tokenizer, self.data.loop)
                            if uses_agent_loop(config) else None)
         if self.agent_loop is not None:
-            print(f"rehearsal: rollouts in verl's AgentLoopWorker ({config.actor_rollout_ref.rollout.agent.default_agent_loop}"
-                  f" loop by default), tools {','.join(self.agent_loop.tool_names) or 'none'} loaded from "
-                  f"{config.actor_rollout_ref.rollout.multi_turn.tool_config_path}; its LLM server stood in by HF "
-                  "generate", flush=True)
+            rollout_cfg = config.actor_rollout_ref.rollout
+            print(f"rehearsal: rollouts in verl's AgentLoopWorker ({rollout_cfg.agent.default_agent_loop} loop by "
+                  f"default), tools {','.join(self.agent_loop.tool_names) or 'none'} loaded from "
+                  f"{rollout_cfg.multi_turn.tool_config_path}; its LLM server stood in by HF generate", flush=True)
         self.global_steps = 0
         self.logger = Tracking(project_name=config.trainer.project_name,
                                experiment_name=config.trainer.experiment_name, default_backend=loggers,

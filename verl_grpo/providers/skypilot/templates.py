@@ -36,6 +36,7 @@ from verl_grpo.providers.skypilot.knobs import knob_task
 from verl_grpo.providers.skypilot.node_imports import needed_imports
 from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
+from verl_grpo.trainers.trl.tools import uses_search
 from verl_grpo.trainers.verl.backend import (
     DATASET_URI_ENV,
     MOUNTS,
@@ -95,6 +96,9 @@ SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-
 """Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""
 EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", *CLUSTER_RUNTIME)
 """What the eval task installs besides verl-grpo (--no-deps)."""
+TRL_VERSION = "1.16.0"
+"""The TRL of requirements.lock: a run evaluated with the search tool parses the model's tool calls with TRL's
+`parse_response` and renders tool results with its chat templates (evaluate.tool_loop), as the CPU path does."""
 EVAL_SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 """The eval task only reads and writes the store; W&B and HF tokens are not passed to it."""
 
@@ -263,6 +267,16 @@ def eval_accelerators(cfg: RunConfig) -> tuple[str, int]:
     return spec, int(n)
 
 
+def eval_packages(cfg: RunConfig) -> tuple[str, ...]:
+    """EVAL_PACKAGES, and for a run evaluated with the search tool (vllm_runner.run_spec) TRL for the tool loop plus
+    what the retrieval-server the node starts imports, or only the HTTP client for a retriever at
+    services.retrieval.url."""
+    if not uses_search(cfg):
+        return EVAL_PACKAGES
+    tools = ("httpx",) if cfg.services.retrieval.url else SERVICE_PACKAGES
+    return (*EVAL_PACKAGES, f"trl=={TRL_VERSION}", *tools)
+
+
 def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, str],
                 workdir: str | None = None) -> RenderedTask:
     """The SkyPilot task running `python -m verl_grpo.evaluate.vllm_runner SPEC_URI` for this run's held-out eval."""
@@ -287,7 +301,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "envs": dict(sorted(envs.items())),
         "knob_envs": {},
         "secrets": [k for k in EVAL_SECRET_ENV_VARS if env.get(k)],
-        "setup": venv_setup(EVAL_PACKAGES),
+        "setup": venv_setup(eval_packages(cfg)),
         "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
     }
     return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))

@@ -40,7 +40,7 @@ def tool_functions(cfg: RunConfig) -> list[Callable[..., str]]:
     services.retrieval.url in its own API (without the services' token: that retriever is none of the run's)."""
     if not uses_search(cfg):
         return []
-    from verl_grpo.services.search_tool import bound_search
+    from verl_grpo.services.search import bound_search
 
     r = cfg.services.retrieval
     if r.url:  # that retriever has a default of its own: ask ours

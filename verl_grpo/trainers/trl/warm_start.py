@@ -114,7 +114,7 @@ def search_examples(spec: WorkerSpec, count: int):
     from verl_grpo.data.search_r1 import trajectories
     from verl_grpo.formats import default_system_prompt
     from verl_grpo.services.retrieval_index import load_squad
-    from verl_grpo.services.search_tool import clip_result, format_passages
+    from verl_grpo.services.search import clip_result, format_passages
 
     cfg = spec.cfg
     passages, questions = load_squad(cfg.services.retrieval.corpus)

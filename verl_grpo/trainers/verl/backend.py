@@ -55,8 +55,8 @@ class VerlTrainer:
     def __init__(self, check_reward: bool = True, ship_models: bool = True):
         self.check_reward = check_reward
         self.ship_models = ship_models
-        """Upload a model that exists only on this machine to the store at plan() (False: the dry run, which
-        names where it would go without uploading)."""
+        """Upload a model that exists only on this machine, and the retrieval corpus a remote retrieval-server reads,
+        to the store at plan() (False: the dry run, which names where they would go without uploading)."""
         self.last_validation: VerlValidation | None = None
         """What the latest plan() established offline (shown by the dry run)."""
 
@@ -78,11 +78,13 @@ class VerlTrainer:
         return MAIN_MODULE, overrides, validate_verl_overrides(overrides, check_reward=self.check_reward)
 
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
-        """Render and validate the main_ppo command (verl reads the overrides, not a spec file); the only write is
-        shipping a model that exists only on this machine to the store, once per content."""
+        """Render and validate the main_ppo command (verl reads the overrides, not a spec file); the only writes
+        ship what exists only on this machine to the store: a model (once per content) and the retrieval corpus."""
         data_files, env = data_files_on_cluster(dataset, store, cluster)
         model_path, model_env = model_on_cluster(cfg, store, cluster, upload=self.ship_models)
         env.update(model_env)
+        if self.ship_models:
+            corpus_on_cluster(cfg, store, cluster)
         paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}"), model_path=model_path)
         module, overrides, self.last_validation = self._composed(cfg, data_files, paths, run_id)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
@@ -122,6 +124,16 @@ def data_files_on_cluster(dataset: DatasetVersion, store: Store,
     mount = f"{cluster.workdir}/{dataset_dir(dataset.name, dataset.hash)}"
     files = {split: f"{mount}/{uri.rstrip('/').rsplit('/', 1)[-1]}" for split, uri in dataset.splits.items()}
     return files, {DATASET_URI_ENV: dataset.uri, DATASET_MOUNT_ENV: mount}
+
+
+def corpus_on_cluster(cfg: RunConfig, store: Store, cluster: Cluster) -> None:
+    """Publish the retrieval corpus for a retrieval-server the run starts off this machine: it reads the corpus from
+    the store (`services.commands.retrieval_corpus_uri`), never from a path on the machine that launched."""
+    if cluster.on_this_machine or "retrieval" not in cfg.services.started:
+        return
+    from verl_grpo.services.commands import publish_retrieval_corpus
+
+    publish_retrieval_corpus(cfg, store)
 
 
 MODEL_URI_ENV = "VERL_GRPO_MODEL_URI"

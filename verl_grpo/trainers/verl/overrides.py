@@ -214,11 +214,19 @@ def tool_overrides(cfg: RunConfig) -> list[str]:
     ]
 
 
+SEARCH_TOP_K_ENV = "VERL_GRPO_SEARCH_TOP_K"
+"""Passages per search that infra/verl/search_r1_retriever_tool.yaml asks a Search-R1 retriever for (whose default
+count is its own); the run's retrieval-server applies services.retrieval.default_top_k itself."""
+
+
 def tool_env(cfg: RunConfig) -> dict[str, str]:
     """The trainer's env for the search tool: the URL of the retriever at services.retrieval.url in the variable the
-    tool config reads (as a job group exports its own retrieval-server's); {} without one."""
-    url = cfg.services.retrieval.url
-    return {SERVICES["retrieval"].url_env: url} if url and "retrieval" in cfg.services.enabled else {}
+    tool config reads (as a job group exports its own retrieval-server's) and services.retrieval.default_top_k, as TRL
+    and the evaluation ask it; {} without one."""
+    r = cfg.services.retrieval
+    if not (r.url and "retrieval" in cfg.services.enabled):
+        return {}
+    return {SERVICES["retrieval"].url_env: r.url, SEARCH_TOP_K_ENV: str(r.default_top_k)}
 
 
 def attention_overrides(cfg: RunConfig) -> list[str]:
