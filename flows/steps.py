@@ -14,7 +14,7 @@ from tasks.register import register
 from tasks.train import train, train_tag
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
-from verl_grpo.evaluate.held_out import RunModel, WarmStartModel, warm_start_model
+from verl_grpo.evaluate.held_out import RunModel, WarmStartModel, warm_start_model, without_tools_after_trained
 from verl_grpo.trainers.trl.tools import uses_search
 
 
@@ -37,7 +37,8 @@ class PrefectSteps:
             warm = submit_eval(runner, run, dataset, WarmStartModel(warm_uri)) if warm_uri else None
             model = RunModel(run.run_id, result.model_uri)
             trained = submit_eval(runner, run, dataset, model)
-            plain = runner.submit(evaluate_without_tools, {"run": run, "dataset": dataset, "trained": model}) \
+            plain = runner.submit(evaluate_without_tools, {"run": run, "dataset": dataset, "trained": model},
+                                  wait_for=[trained] if without_tools_after_trained(run.cfg) else None) \
                 if uses_search(run.cfg) else None
             return Evals(base=base.result(), trained=trained.result(), warm_start=warm.result() if warm else None,
                          trained_without_tools=plain.result() if plain else None)

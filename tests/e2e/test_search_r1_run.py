@@ -19,14 +19,17 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 from prefect_serving import processes_with_env
+from prefect_template import seeded_test_harness
 
 from verl_grpo import plain_steps
 from verl_grpo.chain import Outcome
 from verl_grpo.config import load_config
+from verl_grpo.contracts import EvalReport
 from verl_grpo.local_paths import data_mirror_dir, state_dir
 from verl_grpo.rehearsal import sky_boundary
 from verl_grpo.rehearsal.session import rehearsal_session
 from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store_layout import eval_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # ~2.5 min alone on 2 cores, most of it the warm start
 
@@ -152,15 +155,19 @@ def test_a_gpu_launch_rehearsal_runs_verls_tool_loop_against_the_job_groups_retr
         "skypilot.shape=job_group", "skypilot.termination_delay=2s", "skypilot.max_restarts_on_errors=0",
     ]
     cfg = load_config(["gsm8k"], overrides)
-    with rehearsal_session(cfg, root=tmp_path / "rehearsal") as session:
+    with seeded_test_harness(), rehearsal_session(cfg, root=tmp_path / "rehearsal") as session:
+        from flows.verl_grpo import verl_grpo
+
         run_overrides = [*overrides, *session.overrides]
-        outcome = plain_steps.run_pipeline(["gsm8k"], run_overrides)
+        summary = verl_grpo(config=["gsm8k"], overrides=run_overrides)
         jobs = [sky_boundary.summary(r.job_id) for r in sky_boundary.queue()]
         store = Store.from_config(load_config(["gsm8k"], run_overrides).storage)
-        with store.fs.open(strip_scheme(outcome.evals.trained.table_uri), "rb") as f:
+        trained, plain = (EvalReport.model_validate_json(store.read_text(eval_report(summary["run_id"], split)))
+                          for split in ("test", "test-without-tools"))
+        with store.fs.open(strip_scheme(trained.table_uri), "rb") as f:
             table = pd.read_parquet(f)  # the eval node's per-problem table, in the rehearsal's S3
 
-    assert outcome.train.final_step == 2
+    assert summary["steps"] == 2
     train_job = next(j for j in jobs if not j["name"].endswith("-eval"))
     assert train_job["status"] == "SUCCEEDED" and train_job["tasks"]["retrieval-server"] == "CANCELLED"
     log = (Path(train_job["job_dir"]) / "run.log").read_text()
@@ -176,9 +183,11 @@ def test_a_gpu_launch_rehearsal_runs_verls_tool_loop_against_the_job_groups_retr
 
     eval_job = next(j for j in jobs if j["name"].endswith("-eval"))
     assert eval_job["status"] == "SUCCEEDED"
-    trained = outcome.evals.trained
     assert trained.metrics["tool_use_rate"] > 0
     searched = table[table["searched"]]
     # the eval node's own retrieval-server (over the index the group's server left in the store) answered each call
     assert len(searched) and searched["transcript"].str.contains("Doc 1(Title: Super Bowl 50) ", regex=False).all()
+    # The eval job evaluated the model once more with no tool offered, and the flow read that report back after it
+    assert plain.n == trained.n and "tool_use_rate" not in plain.metrics and plain.settings_key != trained.settings_key
+    assert summary["tools"].startswith("search tool: used in ")  # the summary says what the tool carries
     print(f"turns per rollout {turns}; {len(searches)} searches; eval node tool use {trained.metrics['tool_use_rate']}")

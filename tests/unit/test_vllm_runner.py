@@ -264,10 +264,15 @@ def test_a_run_that_trained_with_search_is_evaluated_with_it_on_the_vllm_node(
     assert (report.metrics["tool_use_rate"], report.metrics["accuracy"]) == (1.0, 1.0)
     assert [body["queries"] for _, _, body in seen] == [["who won super bowl 50"]] * 3  # the retriever answered
     (llm,) = SearchingLLM.instances
-    (first, _), (second, params) = llm.calls
-    assert len(first) == len(second) == 3
+    (first, _), (second, params), (untooled, _) = llm.calls
+    assert len(first) == len(second) == len(untooled) == 3
     resumed = [llm.tokenizer.decode(ids) for ids in second]
     # The second turn goes on from the call, with the retriever's passage as the tool's result
     assert all(CALL in text and 'Doc 1(Title: "Super Bowl 50") The Denver Broncos' in text for text in resumed)
     table = pd.read_parquet(report.table_uri.removeprefix("file://"))
     assert table["tool_calls"].tolist() == [1, 1, 1]
+    # ... and once more with no tool offered, the report the pipeline reads as the trained model without tools
+    assert not any("search" in llm.tokenizer.decode(ids) for ids in untooled)
+    plain = EvalReport.model_validate_json(store.read_text("runs/run-1/eval/test-without-tools.json"))
+    assert plain.n == 3 and plain.metrics["accuracy"] == 0.0 and "tool_use_rate" not in plain.metrics
+    assert plain.settings_key != report.settings_key

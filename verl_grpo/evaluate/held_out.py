@@ -32,6 +32,8 @@ from verl_grpo.evaluate.runner import (
     evaluate_cached,
     evaluate_model,
     evaluate_shard,
+    without_tools,
+    without_tools_split,
     write_run_report,
 )
 from verl_grpo.providers.base import LineSink
@@ -54,9 +56,6 @@ class WarmStartModel:
 
     model_uri: str
 
-
-WITHOUT_TOOLS = "without-tools"
-"""Suffix of the split name under which a run's trained model evaluated without its tools is stored."""
 
 EvalTarget = RunModel | WarmStartModel | None
 """Which model an eval task runs: a run's trained model, its warm start, or (None) the base model."""
@@ -87,26 +86,32 @@ def evaluate_trained(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model
 
 def evaluate_trained_without_tools(cfg: RunConfig, dataset: DatasetVersion, run_id: str, model_uri: str, *,
                                    progress: Progress | None = None) -> EvalReport | None:
-    """The trained model of a run with tools, evaluated again on this machine with none offered (its report beside
-    the run's, split `<split>-without-tools`); None for a run without tools, or one its provider evaluates on the
-    cluster (vLLM generation there offers no tool)."""
+    """The trained model of a run with tools, evaluated again with none offered (its report beside the run's, split
+    `<split>-without-tools`); None for a run without tools. A provider that evaluates on its cluster ran this pass in
+    the trained model's eval job (`vllm_runner.run_spec`): its report is read back, so call this after
+    `evaluate_trained` there."""
     from verl_grpo.providers import get_provider
 
-    if not uses_search(cfg) or get_provider(cfg.infra.provider).evaluates_on_cluster:
+    if not uses_search(cfg):
         return None
     store = Store.from_config(cfg.storage)
-    split = f"{cfg.eval.split}-{WITHOUT_TOOLS}"
+    split = without_tools_split(cfg.eval.split)
+    if get_provider(cfg.infra.provider).evaluates_on_cluster:
+        if not store.exists(eval_report(run_id, split)):
+            raise InfraError(f"run {run_id}: its eval job left no report without tools ({eval_report(run_id, split)}"
+                             "); retry the evaluate step")
+        return EvalReport.model_validate_json(store.read_text(eval_report(run_id, split)))
     report = evaluate_model(without_tools(cfg), model_uri, dataset, store, out_rel=eval_table(run_id, split),
                             progress=progress)
     store.write_text(report.model_dump_json(indent=1), eval_report(run_id, split))
     return report
 
 
-def without_tools(cfg: RunConfig) -> RunConfig:
-    """The run's config with no tool for its evaluation (the retrieval-server left out)."""
-    plain = cfg.model_copy(deep=True)
-    plain.services.enabled = [name for name in cfg.services.enabled if name != "retrieval"]
-    return plain
+def without_tools_after_trained(cfg: RunConfig) -> bool:
+    """Whether the eval without tools must wait for the trained model's eval: it is read from that eval's job."""
+    from verl_grpo.providers import get_provider
+
+    return uses_search(cfg) and get_provider(cfg.infra.provider).evaluates_on_cluster
 
 
 def evaluate_base(cfg: RunConfig, dataset: DatasetVersion, *, progress: Progress | None = None) -> EvalReport:

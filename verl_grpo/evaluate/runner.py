@@ -331,6 +331,21 @@ def _load_generator(cfg: RunConfig, model_dir: Path) -> Generator:
     return with_run_tools(cfg, generator)
 
 
+WITHOUT_TOOLS = "without-tools"
+"""Suffix of the split name under which a run's trained model evaluated without its tools is stored."""
+
+
+def without_tools_split(split: str) -> str:
+    return f"{split}-{WITHOUT_TOOLS}"
+
+
+def without_tools(cfg: RunConfig) -> RunConfig:
+    """The run's config with no tool for its evaluation (the retrieval-server left out)."""
+    plain = cfg.model_copy(deep=True)
+    plain.services.enabled = [name for name in cfg.services.enabled if name != "retrieval"]
+    return plain
+
+
 def with_run_tools(cfg: RunConfig, generator: Generator) -> Generator:
     """The generator, offering the model the run's tools (evaluate.eval_tools) when it trained with any."""
     if not uses_search(cfg):

@@ -35,7 +35,7 @@ from verl_grpo.evaluate.generation import (
     render_prompts,
 )
 from verl_grpo.evaluate.models import resolve_model_dir
-from verl_grpo.evaluate.runner import plan_eval, run_eval, with_run_tools
+from verl_grpo.evaluate.runner import plan_eval, run_eval, with_run_tools, without_tools, without_tools_split
 from verl_grpo.rehearsal import ENV_ON_NODE, STANDIN_THREADS
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.store_layout import eval_report, eval_spec, eval_table
@@ -175,17 +175,25 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
 
     A run that trained with the `search` tool is evaluated with it, as on the CPU path (`runner.with_run_tools`): the
     node starts a retrieval-server of its own over the run's index (or corpus) in the store, or asks the retriever at
-    services.retrieval.url, and stops it when the eval ends."""
+    services.retrieval.url, and stops it when the eval ends. Then the same model again with no tool offered (split
+    `<split>-without-tools`, as `held_out.evaluate_trained_without_tools` reads it): what the tool carries."""
     cfg = node_config(spec.run_config())
     store = Store.from_config(cfg.storage)
     plan = plan_eval(cfg, spec.dataset, store)
     model_dir = resolve_model_dir(spec.model_uri, store)
-    generator = with_run_tools(cfg, _generator(spec, cfg, model_dir))
+    plain = _generator(spec, cfg, model_dir)
     try:
-        report = run_eval(plan, spec.model_uri, generator, store, spec.table_rel, progress=progress)
+        report = run_eval(plan, spec.model_uri, with_run_tools(cfg, plain), store, spec.table_rel, progress=progress)
     finally:
         stop_eval_services()
     store.write_text(report.model_dump_json(indent=1), spec.report_rel)
+    if uses_search(cfg):
+        split = without_tools_split(cfg.eval.split)
+        untooled = run_eval(plan_eval(without_tools(cfg), spec.dataset, store), spec.model_uri, plain, store,
+                            eval_table(spec.run_id, split), progress=progress)
+        store.write_text(untooled.model_dump_json(indent=1), eval_report(spec.run_id, split))
+        print(f"eval without tools: {untooled.n} problems, "
+              + " ".join(f"{k}={v:.4g}" for k, v in sorted(untooled.metrics.items())), flush=True)
     return report
 
 
