@@ -48,10 +48,13 @@ def eval_tools(cfg: RunConfig) -> list[Callable[..., str]]:
 
 
 def stop_eval_services() -> None:
-    """Stop every retrieval-server this process started for evaluations."""
-    from verl_grpo.services.local_group import stop_local_services
-
+    """Stop every retrieval-server this process started for evaluations (none started: nothing is imported, so an
+    eval node without the services' packages can call it)."""
     with _lock:
+        if not _running:
+            return
+        from verl_grpo.services.local_group import stop_local_services
+
         for workdir, _, _ in _running.values():
             stop_local_services(workdir, delay_s=0)
         _running.clear()
