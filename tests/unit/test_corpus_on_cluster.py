@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from verl_grpo.config import load_config
 from verl_grpo.contracts import Cluster
-from verl_grpo.errors import DataError
 from verl_grpo.services.commands import retrieval_corpus_path, retrieval_corpus_uri
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import corpus_on_cluster
@@ -44,12 +41,3 @@ def test_nothing_is_published_for_this_machine_or_a_retriever_already_serving(tm
     corpus_on_cluster(outside, store, Cluster(provider="skypilot", name="c", workdir="/tmp/verl-grpo"))
     assert not store.exists(retrieval_corpus_path(cfg.services.retrieval.index))
 
-
-def test_the_dry_run_checks_the_corpus_is_there_and_uploads_nothing(tmp_path):
-    cfg, store, corpus = _setup(tmp_path)
-    remote = Cluster(provider="skypilot", name="c", workdir="/tmp/verl-grpo")
-    corpus_on_cluster(cfg, store, remote, upload=False)
-    assert not store.exists(retrieval_corpus_path(cfg.services.retrieval.index))
-    corpus.unlink()
-    with pytest.raises(DataError, match=r"retrieval corpus .*corpus\.json not found; set services\.retrieval\.corpus"):
-        corpus_on_cluster(cfg, store, remote, upload=False)

@@ -64,25 +64,14 @@ def publish_retrieval_corpus(cfg: RunConfig, store: Store) -> str:
     retrieval-server and return its URI. Skips the upload when the store already holds the index
     (`retrieval/{index}/`: the server then never reads the corpus); otherwise (over)writes the corpus there.
     DataError when the corpus file is missing locally."""
-    from verl_grpo.services.retrieval_index import index_exists
+    from verl_grpo.services.retrieval_index import default_corpus, index_exists
 
     r = cfg.services.retrieval
-    source = local_corpus(cfg)
-    if source is None or index_exists(store, r.index):
+    rel = retrieval_corpus_path(r.index)
+    if (r.corpus and "://" in r.corpus) or index_exists(store, r.index):
         return retrieval_corpus_uri(cfg)
-    return store.put_file(source, retrieval_corpus_path(r.index))
-
-
-def local_corpus(cfg: RunConfig) -> Path | None:
-    """The corpus file on this machine that `publish_retrieval_corpus` uploads (None when services.retrieval.corpus
-    is a URI already); DataError when it is missing."""
-    from verl_grpo.services.retrieval_index import default_corpus
-
-    r = cfg.services.retrieval
-    if r.corpus and "://" in r.corpus:
-        return None
     source = Path(r.corpus) if r.corpus else default_corpus()
     if not source.is_file():
         raise DataError(f"retrieval corpus {source} not found; set services.retrieval.corpus to a SQuAD-format "
                         f"JSON file (or VERL_GRPO_DATA_MIRROR to a mirror holding squad/dev-v1.1.json)")
-    return source
+    return store.put_file(source, rel)

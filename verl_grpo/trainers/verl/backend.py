@@ -83,7 +83,8 @@ class VerlTrainer:
         data_files, env = data_files_on_cluster(dataset, store, cluster)
         model_path, model_env = model_on_cluster(cfg, store, cluster, upload=self.ship_models)
         env.update(model_env)
-        corpus_on_cluster(cfg, store, cluster, upload=self.ship_models)
+        if self.ship_models:  # the dry run: whether the store holds the index already is not known offline
+            corpus_on_cluster(cfg, store, cluster)
         paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}"), model_path=model_path)
         module, overrides, self.last_validation = self._composed(cfg, data_files, paths, run_id)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
@@ -125,18 +126,15 @@ def data_files_on_cluster(dataset: DatasetVersion, store: Store,
     return files, {DATASET_URI_ENV: dataset.uri, DATASET_MOUNT_ENV: mount}
 
 
-def corpus_on_cluster(cfg: RunConfig, store: Store, cluster: Cluster, upload: bool = True) -> None:
+def corpus_on_cluster(cfg: RunConfig, store: Store, cluster: Cluster) -> None:
     """Publish the retrieval corpus for a retrieval-server the run starts off this machine: it reads the corpus from
-    the store (`services.commands.retrieval_corpus_uri`), never from a path on the machine that launched. Without
-    `upload` (the dry run) only check the file is there: DataError naming services.retrieval.corpus otherwise."""
+    the store (`services.commands.retrieval_corpus_uri`), never from a path on the machine that launched (nothing to
+    publish when the store holds the index already)."""
     if cluster.on_this_machine or "retrieval" not in cfg.services.started:
         return
-    from verl_grpo.services.commands import local_corpus, publish_retrieval_corpus
+    from verl_grpo.services.commands import publish_retrieval_corpus
 
-    if upload:
-        publish_retrieval_corpus(cfg, store)
-    else:
-        local_corpus(cfg)
+    publish_retrieval_corpus(cfg, store)
 
 
 MODEL_URI_ENV = "VERL_GRPO_MODEL_URI"
