@@ -90,13 +90,11 @@ def evaluate_trained_without_tools(cfg: RunConfig, dataset: DatasetVersion, run_
     `<split>-without-tools`); None for a run without tools. A provider that evaluates on its cluster ran this pass in
     the trained model's eval job (`vllm_runner.run_spec`): its report is read back, so call this after
     `evaluate_trained` there."""
-    from verl_grpo.providers import get_provider
-
     if not uses_search(cfg):
         return None
     store = Store.from_config(cfg.storage)
     split = without_tools_split(cfg.eval.split)
-    if get_provider(cfg.infra.provider).evaluates_on_cluster:
+    if without_tools_after_trained(cfg):
         if not store.exists(eval_report(run_id, split)):
             raise InfraError(f"run {run_id}: its eval job left no report without tools ({eval_report(run_id, split)}"
                              "); retry the evaluate step")

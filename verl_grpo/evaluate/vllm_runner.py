@@ -192,8 +192,7 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
         untooled = run_eval(plan_eval(without_tools(cfg), spec.dataset, store), spec.model_uri, plain, store,
                             eval_table(spec.run_id, split), progress=progress)
         store.write_text(untooled.model_dump_json(indent=1), eval_report(spec.run_id, split))
-        print(f"eval without tools: {untooled.n} problems, "
-              + " ".join(f"{k}={v:.4g}" for k, v in sorted(untooled.metrics.items())), flush=True)
+        print(f"eval without tools: {untooled.n} problems, {metrics_line(untooled)}", flush=True)
     return report
 
 
@@ -221,6 +220,10 @@ def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:
                          seed=cfg.eval.seed)
 
 
+def metrics_line(report: EvalReport) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in sorted(report.metrics.items()))
+
+
 def _print_progress(done: int, total: int) -> None:
     print(f"eval {done}/{total}", flush=True)
 
@@ -234,9 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     def evaluate() -> None:
         spec = read_spec(args.spec, os.environ.get(ENV_STORE_ENDPOINT) or None)
         report = run_spec(spec, progress=_print_progress)
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(report.metrics.items()))
-        print(f"eval done: {report.n} problems, {metrics}; report {spec.report_rel}, table {report.table_uri}",
-              flush=True)
+        print(f"eval done: {report.n} problems, {metrics_line(report)}; report {spec.report_rel}, table "
+              f"{report.table_uri}", flush=True)
 
     return run_entry("vllm_runner", evaluate)
 

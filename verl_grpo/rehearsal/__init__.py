@@ -30,3 +30,9 @@ STANDIN_THREADS = 1
 """torch threads of the CPU stand-ins (trainer and vLLM's eval) on a node: they run a toy model in place of the GPUs,
 whose matmuls gain nothing from a second thread, and every node of a rehearsal shares this machine's cores, where two
 threads each waiting on the other's core run several times slower than one (bench/trl_step_bench.py's notes)."""
+
+
+def uses_agent_loop(config) -> bool:
+    """Whether verl would roll this run (its composed config) out in multi-turn agent loops, the tool loop: then the
+    stand-ins import verl's agent loop (`standin_agent_loop`), which a run without tools does not pay for."""
+    return bool(config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False))

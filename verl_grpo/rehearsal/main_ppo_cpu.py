@@ -75,7 +75,7 @@ def rehearsal_line(config: Any, loggers: list[str]) -> str:
         extra_not_real += f", actor strategy {strategy} (FSDP2 checkpoint layout written instead)"
     if config.get("critic", {}).get("enable", False):
         extra_not_real += ", critic (not trained)"
-    from verl_grpo.rehearsal.standin_agent_loop import uses_agent_loop
+    from verl_grpo.rehearsal import uses_agent_loop
 
     rollout = config.actor_rollout_ref.rollout
     agent_loop = (f", multi-turn rollouts in verl's AgentLoopWorker + {rollout.agent.default_agent_loop} loop with the "

@@ -21,11 +21,6 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 
-def uses_agent_loop(config: Any) -> bool:
-    """Whether verl would roll this run out in multi-turn agent loops (the tool loop)."""
-    return bool(config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False))
-
-
 class CpuServerClient(LLMServerClient):
     """The LLM server of verl's agent loop, stood in by HF generate on the actor's model in this process."""
 
@@ -87,7 +82,6 @@ class AgentLoopRollouts:
     def __init__(self, config: Any, model: Any, tokenizer: Any, loop: asyncio.AbstractEventLoop):
         from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-        self.config = config
         self.loop = loop
         self.client = CpuServerClient(config, model, tokenizer)
         asyncio.set_event_loop(loop)  # verl's loops take the current event loop when they are built

@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_PENDING, PREEMPT_HOLD_S
+from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_PENDING, PREEMPT_HOLD_S, uses_agent_loop
 from verl_grpo.rehearsal.standin_actor import StandinActor
-from verl_grpo.rehearsal.standin_agent_loop import AgentLoopRollouts, uses_agent_loop
 from verl_grpo.rehearsal.standin_data import StandinData
 
 HEADLINE = ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/lr", "timing_s/step")
@@ -107,9 +106,11 @@ class StandinTrainer:
         with open_dict(config):
             config.actor_rollout_ref.actor.optim.total_training_steps = total
         self.actor = StandinActor(config, self.data.tokenizer)
-        self.agent_loop = (AgentLoopRollouts(config, self.actor.model, self.data.tokenizer, self.data.loop)
-                           if uses_agent_loop(config) else None)
-        if self.agent_loop is not None:
+        self.agent_loop = None
+        if uses_agent_loop(config):
+            from verl_grpo.rehearsal.standin_agent_loop import AgentLoopRollouts
+
+            self.agent_loop = AgentLoopRollouts(config, self.actor.model, self.data.tokenizer, self.data.loop)
             rollout_cfg = config.actor_rollout_ref.rollout
             print(f"rehearsal: rollouts in verl's AgentLoopWorker ({rollout_cfg.agent.default_agent_loop} loop by "
                   f"default), tools {','.join(self.agent_loop.tool_names) or 'none'} loaded from "

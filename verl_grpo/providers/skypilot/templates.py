@@ -21,6 +21,7 @@ import shlex
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import jinja2
@@ -96,9 +97,9 @@ SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-
 """Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""
 EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", *CLUSTER_RUNTIME)
 """What the eval task installs besides verl-grpo (--no-deps)."""
-TRL_VERSION = "1.16.0"
-"""The TRL of requirements.lock: a run evaluated with the search tool parses the model's tool calls with TRL's
-`parse_response` and renders tool results with its chat templates (evaluate.tool_loop), as the CPU path does."""
+TRL_VERSION = metadata.version("trl")
+"""The TRL installed here, requirements.lock's: a run evaluated with the search tool parses the model's tool calls
+with TRL's `parse_response` and renders tool results with its chat templates (evaluate.tool_loop), as training did."""
 EVAL_SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 """The eval task only reads and writes the store; W&B and HF tokens are not passed to it."""
 
