@@ -461,17 +461,35 @@ def _print_versions(cfg, name: str | None, versions: tuple[str, ...], metrics: b
 
 
 @main.command()
-@click.option("--dataset", required=True, type=click.Choice(["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa"]),
-              help="Which scorer to use.")
+@click.option("--dataset", default=None,
+              type=click.Choice(["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa", "reasoning_gym"]),
+              help="Score with this shipped task's scorer (without -c).")
+@_config_options
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_user_errors
-def score(dataset: str, file: Path) -> None:
-    """Score responses by hand: each JSONL line {solution_str, ground_truth[, extra_info]} → the line plus its score
-    dict."""
+def score(dataset: str | None, configs: tuple[str, ...], overrides: tuple[str, ...], file: Path) -> None:
+    """Score responses by hand: each JSONL line {solution_str, ground_truth[, extra_info][, data_source]} → the line
+    plus its score dict. `--dataset NAME` scores with a shipped task's scorer; `-c/-o` with a run's: its own function
+    (reward.path; a call that fails adds `error` to its line) or its task's scorer."""
     from verl_grpo.rewards.score_file import score_file
 
-    for entry in score_file(dataset, file):
+    if dataset is None and not configs and not overrides:
+        raise ConfigError("verl-grpo score needs the scorer: --dataset NAME (a shipped task), or your run's config "
+                          "(-c FILE, -o reward.path=... ) to score with its own function")
+    user, source = None, dataset
+    if configs or overrides:
+        from verl_grpo.config import config_files, load_config
+        from verl_grpo.rewards.user_reward import UserReward
+
+        cfg = load_config(config_files(configs), list(overrides))
+        user, source = UserReward.of(cfg), dataset or _task_data_source(cfg)
+    for entry in score_file(source, file, user):
         click.echo(json.dumps(entry, default=str))
+
+
+def _task_data_source(cfg) -> str:
+    """The data_source a run's rows carry, for lines that name none."""
+    return {"custom": cfg.task, "reasoning_gym": "reasoning_gym"}.get(cfg.dataset.name, cfg.dataset.name)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ SAMPLES_KEY = "training-samples"
 
 def run_tags(cfg: RunConfig) -> list[str]:
     """dataset, model, provider and backend: the tags of the flow run and every task run."""
-    return [cfg.dataset.name, model_short_name(cfg.model.name), cfg.infra.provider, cfg.trainer.backend]
+    return [cfg.task, model_short_name(cfg.model.name), cfg.infra.provider, cfg.trainer.backend]
 
 
 def mlflow_run_url(tracking_uri: str, experiment_id: str, mlflow_run_id: str) -> str | None:
@@ -95,7 +95,7 @@ def publish_summary(outcome: Outcome) -> dict:
         logger.info(line)
     for line in summary["warnings"]:
         logger.warning(line)
-    create_markdown_artifact(summary_markdown(summary, link), key=summary_key(cfg.dataset.name),
+    create_markdown_artifact(summary_markdown(summary, link), key=summary_key(cfg.task),
                              description=f"verl-grpo run {run_id}")
     create_table_artifact(eval_table(report, base, warm), key="eval-results",
                           description=f"{run_id}: {report.split} n={report.n}, base vs "

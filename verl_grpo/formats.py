@@ -23,6 +23,8 @@ SYSTEM_PROMPTS: dict[str, str] = {
         "them. First reason briefly inside <think> </think>. Then give only the short answer, a few words taken "
         "from the passage, inside <answer> </answer>, and write nothing after it."
     ),
+    "custom": _MATH_SYSTEM.format(answer_hint=""),
+    "reasoning_gym": _MATH_SYSTEM.format(answer_hint=""),
     "nq_hotpotqa": (
         "You answer open-domain questions with facts from Wikipedia. Call the search tool to look up passages when "
         "you need them. First reason briefly inside <think> </think>. Then give only the short answer, a few words, "

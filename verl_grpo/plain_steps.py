@@ -48,13 +48,35 @@ def prepare_local_state(cfg: RunConfig, data: bool = False) -> None:
     """The state dir, and the local directories the config names (a `file://` store, a SQLite MLflow DB),
     created before any library touches them; a path that cannot be made fails here in one line. With `data`
     (a run about to start), so does a data mirror that lacks the dataset (`check_mirror`)."""
-    from verl_grpo.data import BUILDERS
-    from verl_grpo.data.sources import check_mirror
-
     ensure_state_dir()
     ensure_local_dirs({"storage.uri": cfg.storage.uri, "tracking.mlflow_uri": cfg.tracking.mlflow_uri})
-    if data and cfg.dataset.source != "hub":
-        check_mirror(cfg.dataset, BUILDERS[cfg.dataset.name])
+    if data:
+        check_task(cfg)
+
+
+def check_task(cfg: RunConfig) -> str:
+    """The run's data and reward, checked before anything starts (one line naming the setting otherwise): the data
+    mirror holds the dataset, the user's files read (every row parsed, the keys found), the reasoning-gym generators
+    exist, the user's reward function imports. Returns what was checked."""
+    from verl_grpo.data import builder_for
+    from verl_grpo.data.sources import check_mirror
+    from verl_grpo.rewards.user_reward import UserReward
+
+    builder = builder_for(cfg.dataset)
+    if builder.load is not None:
+        source = builder.load(cfg.dataset, cfg.storage.endpoint_url)
+        checked = f"{source.description} ({len(source.read_records())} rows read)" if cfg.dataset.name == "custom" \
+            else source.description
+    elif cfg.dataset.source != "hub":
+        missing = check_mirror(cfg.dataset, builder)
+        checked = f"{cfg.dataset.name} mirror" + (f" (lacks {', '.join(missing)}: the hub is tried)" if missing else "")
+    else:
+        checked = f"{cfg.dataset.name} from the hub"
+    user = UserReward.of(cfg)
+    if user is not None:
+        user.check()
+        checked += f"; reward {user.label} imports"
+    return checked
 
 
 def prepare(cfg: RunConfig) -> DatasetVersion:

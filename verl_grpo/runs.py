@@ -24,9 +24,10 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def run_name(cfg: RunConfig, when: datetime | None = None) -> str:
-    """`{dataset}-{model-short}-{yyyymmdd-HHMM}` (UTC), e.g. gsm8k-smollm2-135m-20261122-0200."""
+    """`{task}-{model-short}-{yyyymmdd-HHMM}` (UTC), e.g. gsm8k-smollm2-135m-20261122-0200 (the task: dataset.task,
+    else the dataset's name)."""
     when = when or datetime.now(timezone.utc)
-    return f"{cfg.dataset.name}-{model_short_name(cfg.model.name)}-{when:%Y%m%d-%H%M}"
+    return f"{cfg.task}-{model_short_name(cfg.model.name)}-{when:%Y%m%d-%H%M}"
 
 
 def new_run_id(cfg: RunConfig, store: Store) -> str:

@@ -26,11 +26,17 @@ def validate_run(cfg: RunConfig) -> list[Check]:
 
 
 def check_data(cfg: RunConfig) -> Check:
-    from verl_grpo.data import BUILDERS
+    from verl_grpo.data import builder_for
     from verl_grpo.data.sources import mirror_knob, missing_mirror_message, resolve_mirror_dir
+    from verl_grpo.plain_steps import check_task
 
+    if builder_for(cfg.dataset).load is not None or cfg.reward.path:  # the user's files, a generator, a reward
+        try:
+            return Check("data", True, check_task(cfg))
+        except VerlGrpoError as e:
+            return Check("data", False, str(e))
     folder = resolve_mirror_dir(cfg.dataset)
-    files = BUILDERS[cfg.dataset.name].mirror_files
+    files = builder_for(cfg.dataset).mirror_files
     missing = [f for f in files if not (folder / f).is_file()]
     if cfg.dataset.source == "hub":
         return Check("data", True, f"source hub ({cfg.dataset.hub_id or 'default id'}); needs network at prepare time")

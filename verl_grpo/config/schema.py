@@ -21,7 +21,10 @@ from pydantic.fields import FieldInfo
 from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import state_dir
 
-DatasetName = Literal["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa"]
+DatasetName = Literal["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa", "custom", "reasoning_gym"]
+SHIPPED_DATASETS = ("gsm8k", "math", "mbpp", "squad", "nq_hotpotqa")
+"""The datasets this package ships a reader, a scorer and a profile for; `custom` and `reasoning_gym` are the
+user's own task and reasoning-gym's generators."""
 
 
 ACCEPTS_EMPTY = {"accepts_empty": True}
@@ -56,14 +59,109 @@ class _Section(BaseModel):
         return value
 
 
+_TASK_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+
+
+class GymTaskConfig(_Section):
+    """One reasoning-gym generator of the task, with its own settings."""
+
+    name: str
+    """The generator, by its reasoning-gym name (`reasoning_gym.factory.DATASETS`), e.g. chain_sum,
+    basic_arithmetic, gsm_symbolic, leg_counting."""
+    weight: float = Field(1.0, gt=0)
+    """Its share of the rows in a mixture of several generators (weights need not sum to 1)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The generator's own config fields, its difficulty knobs among them (chain_sum: min_terms, max_terms,
+    min_digits, max_digits, ...); `size` and `seed` come from dataset.reasoning_gym."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("config")
+    @classmethod
+    def _no_size_or_seed(cls, config: dict[str, Any]) -> dict[str, Any]:
+        fixed = sorted({"size", "seed"} & set(config))
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} come from dataset.reasoning_gym (train_size, test_size, seed, "
+                             "test_seed); drop them from the generator's config")
+        return config
+
+
+class ReasoningGymConfig(_Section):
+    """reasoning-gym's procedural tasks (dataset.name=reasoning_gym): rows generated offline by the library, scored
+    by its own `score_answer` on the response's final answer."""
+
+    tasks: list[GymTaskConfig] = Field(default_factory=lambda: [GymTaskConfig(
+        name="chain_sum", config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})])
+    """The generators (several: a weighted mixture, reasoning-gym's `composite`). A bare name is one generator with
+    its defaults: `-o dataset.reasoning_gym.tasks=[basic_arithmetic]`."""
+    train_size: int = Field(2000, ge=1)
+    """Rows generated for training (dataset.val_size of them are carved into the validation split)."""
+    test_size: int = Field(500, ge=1)
+    """Held-out rows, generated from test_seed; a row whose question also occurs in train is quarantined."""
+    seed: int = Field(0, ge=0)
+    """Seed of the train rows (reasoning-gym seeds row i with seed + i)."""
+    test_seed: int | None = Field(None, ge=0)
+    """Seed of the held-out rows; None: seed + train_size + 1000, a range disjoint from the train rows'."""
+
+    @field_validator("tasks")
+    @classmethod
+    def _some_distinct_tasks(cls, tasks: list[GymTaskConfig]) -> list[GymTaskConfig]:
+        if not tasks:
+            raise ValueError("names no generator; give at least one, e.g. [chain_sum]")
+        names = [t.name for t in tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"names a generator twice ({', '.join(names)}); give each once, with its weight")
+        return tasks
+
+    @model_validator(mode="after")
+    def _disjoint_seeds(self) -> "ReasoningGymConfig":
+        # A mixture's generator i seeds row j with seed + i + 1 + j (reasoning-gym's composite).
+        spread = len(self.tasks) + 1
+        train = (self.seed, self.seed + self.train_size + spread)
+        test = (self.held_out_seed, self.held_out_seed + self.test_size + spread)
+        if train[0] < test[1] and test[0] < train[1]:
+            raise ValueError(f"test_seed={self.test_seed} makes held-out rows reuse the train rows' seeds "
+                             f"{train[0]}..{train[1] - 1}; set test_seed >= {train[1]} or leave it unset")
+        return self
+
+    @property
+    def held_out_seed(self) -> int:
+        return self.seed + self.train_size + 1000 if self.test_seed is None else self.test_seed
+
+    @property
+    def task_name(self) -> str:
+        """`rg-<generator>[-<generator>...]`: the default dataset.task."""
+        return "rg-" + "-".join(t.name.replace("_", "-") for t in self.tasks)
+
+
 class DatasetConfig(_Section):
     name: DatasetName = "gsm8k"
     """Which task to train on: gsm8k, math, mbpp, squad (questions about Wikipedia articles, exact match; meant
-    for the search tool, `services: [retrieval]`) or nq_hotpotqa (Search-R1's NQ + HotpotQA, open-domain; its search
-    tool asks a Search-R1 retriever over Wikipedia, services.retrieval.url)."""
+    for the search tool, `services: [retrieval]`), nq_hotpotqa (Search-R1's NQ + HotpotQA, open-domain; its search
+    tool asks a Search-R1 retriever over Wikipedia, services.retrieval.url), `custom` (your own files: train_files,
+    test_files, task, scored by reward.path) or `reasoning_gym` (reasoning-gym's generators: reasoning_gym)."""
+    task: str | None = None
+    """Short name of the task (lowercase letters, digits, `-`, `_`; up to 40): names the run ids, the MLflow
+    experiment `verl-grpo/<task>`, the registered model `verl-grpo-<task>` and the store's `datasets/<task>/`.
+    Required for `custom`; None means the dataset's name (reasoning_gym: `rg-<generator>`)."""
+    train_files: list[str] = Field(default_factory=list)
+    """`custom`: the training rows, as local paths, `file://` or `s3://` URIs of JSONL (one object a line) or
+    parquet files (by suffix: .jsonl/.json/.parquet); dataset.val_size rows are carved into the validation split."""
+    test_files: list[str] = Field(default_factory=list)
+    """`custom`: the held-out rows the evaluation uses, in the same forms as train_files."""
+    prompt_key: str = "question"
+    """`custom`: the field of a row holding the problem text (rendered into dataset.user_template)."""
+    answer_key: str = "answer"
+    """`custom`: the field of a row holding the ground truth handed to the reward (a text, a number, or any JSON
+    value, passed to your compute_score as it is)."""
+    reasoning_gym: ReasoningGymConfig = Field(default_factory=ReasoningGymConfig)
+    """`reasoning_gym`: the generators, their knobs, sizes and seeds."""
     source: Literal["auto", "mirror", "hub"] = "auto"
-    """Where raw data comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if present, else hub; a
-    mirror named by mirror_dir or VERL_GRPO_DATA_MIRROR must be present)."""
+    """Where raw data of a shipped dataset comes from: `mirror` (local dir), `hub` (Hugging Face), `auto` (mirror if
+    present, else hub; a mirror named by mirror_dir or VERL_GRPO_DATA_MIRROR must be present)."""
     mirror_dir: str | None = None
     """Local mirror directory of this dataset; None means `<VERL_GRPO_DATA_MIRROR or ../shared/data>/<name>`."""
     hub_id: str | None = None
@@ -77,6 +175,36 @@ class DatasetConfig(_Section):
     empty string (`-o dataset.system_prompt=`) sends no system message."""
     user_template: str = "{question}"
     """User message template; `{question}` is replaced by the problem text."""
+
+    @field_validator("task")
+    @classmethod
+    def _task_name(cls, task: str | None) -> str | None:
+        if task is not None and not _TASK_NAME.match(task.strip()):
+            raise ValueError(f"{task!r} is no task name; use up to 40 lowercase letters, digits, '-' or '_', "
+                             "starting with a letter or digit (e.g. my-task)")
+        return task.strip() if task is not None else None
+
+    @model_validator(mode="after")
+    def _custom_needs_files(self) -> "DatasetConfig":
+        if self.name == "custom":
+            missing = [f"dataset.{f}" for f in ("task", "train_files", "test_files") if not getattr(self, f)]
+            if missing:
+                raise ValueError(f"dataset.name=custom needs {', '.join(missing)}: your task's short name and the "
+                                 "JSONL or parquet files of its train and held-out rows, e.g. -o dataset.task=my-task "
+                                 "-o dataset.train_files=[/data/train.jsonl] -o dataset.test_files=[/data/test.jsonl]")
+        else:
+            given = [f"dataset.{f}" for f in ("train_files", "test_files") if getattr(self, f)]
+            if given:
+                raise ValueError(f"{', '.join(given)} are read only with dataset.name=custom (this run trains on "
+                                 f"{self.name}); set dataset.name=custom or drop them")
+        return self
+
+    @property
+    def task_name(self) -> str:
+        """dataset.task, else the dataset's own name (reasoning_gym: `rg-<generator>`)."""
+        if self.task:
+            return self.task
+        return self.reasoning_gym.task_name if self.name == "reasoning_gym" else self.name
 
 
 class ModelConfig(_Section):
@@ -171,6 +299,45 @@ class WarmStartConfig(_Section):
     small model learns to write soonest, but the title finds the article, seldom the paragraph)."""
 
 
+class RewardConfig(_Section):
+    """Your own reward function, with verl's signature (its `custom_reward_function`): `compute_score(data_source,
+    solution_str, ground_truth, extra_info=None) -> float | dict`, a dict carrying `score` plus components (logged as
+    `reward/<key>`). It scores every response the run scores: training (trl, loop; verl on GPU nodes, where the file
+    travels with the task), the held-out evaluation and `verl-grpo score`. A call that raises, runs past timeout_s or
+    returns no finite number scores its row 0 and is counted as failed; it never stops the run, unless every row of
+    the first step fails."""
+
+    path: str | None = None
+    """A `.py` file (its directory is importable beside it) or an importable module `pkg.module`; None: the task's
+    own scorer (shipped datasets, reasoning-gym's score_answer). Required for dataset.name=custom."""
+    name: str = "compute_score"
+    """The function's name in that file or module."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Time limit of one call, in seconds; the function runs in a worker process that is replaced after a call
+    runs over."""
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_file(cls, path: str | None) -> str | None:
+        if path is None:
+            return None
+        path = path.strip()
+        if path.endswith(".py"):  # every process of the run (workers, services) reads it from the same place
+            return os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", path):
+            raise ValueError(f"{path!r} is neither a .py file nor a module name; give /path/to/reward.py or "
+                             "pkg.module")
+        return path
+
+    @field_validator("name")
+    @classmethod
+    def _identifier(cls, name: str) -> str:
+        if not name.strip().isidentifier():
+            raise ValueError(f"{name!r} is no Python function name; give the name of your function, e.g. "
+                             "compute_score")
+        return name.strip()
+
+
 class TrainerConfig(_Section):
     backend: Literal["trl", "verl", "loop"] = "trl"
     """`trl` (TRL GRPOTrainer, CPU or one GPU), `verl` (verl main_ppo on GPU clusters) or `loop` (the asynchronous
@@ -257,10 +424,10 @@ class TrackingConfig(_Section):
     mlflow_uri: str = Field(default_factory=lambda: f"sqlite:///{state_dir() / 'mlflow.db'}")
     """MLflow tracking URI: the local SQLite file by default, or an `http://` MLflow server."""
     experiment: str | None = None
-    """MLflow experiment; None means `verl-grpo/<dataset>`."""
+    """MLflow experiment; None means `verl-grpo/<task>` (dataset.task, else the dataset's name)."""
     registered_model: str | None = None
-    """Registered model name; None means `verl-grpo-<dataset>` (`verl-grpo-<dataset>-tiny` for a smoke run on the
-    tiny test model, which must not add versions to the production line)."""
+    """Registered model name; None means `verl-grpo-<task>` (`verl-grpo-<task>-tiny` for a smoke run on the tiny test
+    model, which must not add versions to the production line)."""
     promotion_p_value: float = Field(0.05, gt=0, le=1)
     """Alias `champion` moves only when the challenger is better with a paired (McNemar) p-value below this."""
 
@@ -638,6 +805,8 @@ class ServicesConfig(_Section):
 class RunConfig(_Section):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     """Training data."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Your own reward function (None: the task's own scorer)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Base model."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -718,16 +887,35 @@ class RunConfig(_Section):
                              "warm_start.enabled=false")
         return self
 
+    @model_validator(mode="after")
+    def _custom_needs_reward(self) -> RunConfig:
+        if self.dataset.name == "custom" and not self.reward.path:
+            raise ValueError("dataset.name=custom is scored by your own function: set reward.path to its .py file "
+                             "(or pkg.module) and, unless it is compute_score, reward.name")
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_needs_solutions(self) -> RunConfig:
+        if self.warm_start.enabled and self.dataset.name not in SHIPPED_DATASETS:
+            raise ValueError(f"warm_start.enabled rewrites a dataset's worked solutions, which dataset.name="
+                             f"{self.dataset.name} rows do not carry (only answers); set warm_start.enabled=false")
+        return self
+
+    @property
+    def task(self) -> str:
+        """The task's short name: run ids, MLflow experiment, registered model, the store's datasets/<task>/."""
+        return self.dataset.task_name
+
     @property
     def experiment_name(self) -> str:
-        return self.tracking.experiment or f"verl-grpo/{self.dataset.name}"
+        return self.tracking.experiment or f"verl-grpo/{self.task}"
 
     @property
     def wandb_project(self) -> str:
-        """The W&B project of this run's curves: `verl-grpo-<dataset>`, for verl's own W&B logger
+        """The W&B project of this run's curves: `verl-grpo-<task>`, for verl's own W&B logger
         (trainer.project_name) and the pipeline's mirror alike. W&B rejects `/\\#?%:` in project names, so
-        this is never `experiment_name` (`verl-grpo/<dataset>`)."""
-        return re.sub(r"[/\\#?%:]+", "-", f"verl-grpo-{self.dataset.name}")[:128]
+        this is never `experiment_name` (`verl-grpo/<task>`)."""
+        return re.sub(r"[/\\#?%:]+", "-", f"verl-grpo-{self.task}")[:128]
 
     @property
     def registered_model_name(self) -> str:
@@ -735,8 +923,8 @@ class RunConfig(_Section):
             return self.tracking.registered_model
         smoke = self.model.name.strip().lower()
         if smoke in SMOKE_MODELS:  # a smoke run never adds a version to the dataset's production line
-            return f"verl-grpo-{self.dataset.name}-{smoke}"
-        return f"verl-grpo-{self.dataset.name}"
+            return f"verl-grpo-{self.task}-{smoke}"
+        return f"verl-grpo-{self.task}"
 
     def digest(self) -> str:
         """Stable short hash of the resolved config (identifies 'the same run settings').
@@ -781,6 +969,8 @@ SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
     "skypilot": _when_chosen("skypilot"),
     "services": lambda cfg: bool(cfg.services.enabled),
     "warm_start": lambda cfg: cfg.warm_start.enabled,
+    "reward": lambda cfg: bool(cfg.reward.path),
+    "dataset.reasoning_gym": lambda cfg: cfg.dataset.name == "reasoning_gym",
     "async_training": lambda cfg: cfg.trainer.backend == "loop" or _placement(cfg).fully_async,
     **{f"services.{name}": (lambda cfg, name=name: name in cfg.services.enabled) for name in get_args(ServiceName)},
 }

@@ -24,9 +24,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verl_grpo.config import RunConfig
+from verl_grpo.config import DatasetConfig, RunConfig
 from verl_grpo.contracts import DatasetVersion
-from verl_grpo.data import gsm8k, math_, mbpp, nq_hotpotqa, squad
+from verl_grpo.data import custom, gsm8k, math_, mbpp, nq_hotpotqa, reasoning_gym, squad
 from verl_grpo.data.schema import (
     BUILDER_VERSION,
     OUTPUT_SPLITS,
@@ -51,6 +51,15 @@ logger = logging.getLogger(__name__)
 BUILDERS: dict[str, DatasetBuilder] = {
     b.name: b for b in (gsm8k.BUILDER, math_.BUILDER, mbpp.BUILDER, squad.BUILDER, nq_hotpotqa.BUILDER)
 }
+"""The shipped datasets' builders; `builder_for` adds the user's own task and reasoning-gym's."""
+CONFIGURED_BUILDERS = {"custom": custom.builder, "reasoning_gym": reasoning_gym.builder}
+"""Builders made from the dataset config (its files or generators), named after dataset.task."""
+
+
+def builder_for(dcfg: DatasetConfig) -> DatasetBuilder:
+    """The builder of the configured dataset."""
+    make = CONFIGURED_BUILDERS.get(dcfg.name)
+    return make(dcfg) if make else BUILDERS[dcfg.name]
 REJECTED_FILE = "rejected.parquet"
 HASH_CHARS = 16
 AGENT_SETTING = "agent_name"
@@ -66,10 +75,10 @@ def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> Data
     """
     started = time.perf_counter()
     dcfg = cfg.dataset
-    builder = BUILDERS[dcfg.name]
+    builder = builder_for(dcfg)
     system_prompt = default_system_prompt(dcfg.name) if dcfg.system_prompt is None else dcfg.system_prompt
     check_user_template(dcfg.user_template)
-    source = load_raw(dcfg, builder)
+    source = load_raw(dcfg, builder, cfg.storage.endpoint_url)
     settings = {
         "builder_version": BUILDER_VERSION,
         "name": dcfg.name,
@@ -83,14 +92,17 @@ def prepare_dataset(cfg: RunConfig, store: Store, tokenizer: Any = None) -> Data
     }
     if uses_tool_agent(cfg):
         settings[AGENT_SETTING] = TOOL_AGENT  # only then: the hashes of tool-free datasets stay as they were
+    if dcfg.name in CONFIGURED_BUILDERS:  # a task of its own: its name and keys shape the rows
+        settings.update(task=builder.name, prompt_key=dcfg.prompt_key, answer_key=dcfg.answer_key)
     full_hash = dataset_hash(source.fingerprint, settings)
     digest = full_hash[:HASH_CHARS]
-    rel = dataset_dir(dcfg.name, digest)
+    rel = dataset_dir(builder.name, digest)
 
     if store.exists(rel, MANIFEST):
         manifest = json.loads(store.read_text(rel, MANIFEST))
         logger.info(
-            "cache hit: dataset %s %s at %s (%.2fs)", dcfg.name, digest, store.url(rel), time.perf_counter() - started
+            "cache hit: dataset %s %s at %s (%.2fs)", builder.name, digest, store.url(rel),
+            time.perf_counter() - started,
         )
         return version_from_manifest(store, rel, manifest)
 

@@ -4,9 +4,10 @@ A prepared parquet row is exactly what verl's `RLHFDataset` and reward manager e
 (see verl's examples/data_preprocess/gsm8k.py):
 
     data_source   str                      "gsm8k" | "math" | "mbpp" | "squad" | "searchR1_<source>" (nq_hotpotqa's
-                                           rows, as verl tags them); the reward dispatcher keys on it
+                                           rows, as verl tags them) | "reasoning_gym/<generator>" | a custom task's
+                                           dataset.task; the reward dispatcher keys on it
     prompt        list<{role, content}>    system message (optional) + user message
-    ability       str                      "math" | "code" | "qa"
+    ability       str                      "math" | "code" | "qa" | "reasoning" | "custom"
     reward_model  {style: "rule", ground_truth: str}  (squad, nq_hotpotqa: Search-R1's {"target": [answers]} as JSON)
     extra_info    struct                   split, index, uid + the dataset's raw fields (fixed per dataset)
 
@@ -43,6 +44,8 @@ class Reason(StrEnum):
     MISSING_TESTS = "missing_tests"
     INVALID_TESTS = "invalid_tests"
     PROMPT_TOO_LONG = "prompt_too_long"
+    IN_TRAIN = "in_train"
+    """A generated held-out row asking a question a train row asks (reasoning_gym)."""
 
 
 class RowRejected(Exception):

@@ -52,6 +52,9 @@ class DatasetBuilder:
     extra_fields: list[tuple[str, pa.DataType]]
     has_validation: bool
     """True when the dataset ships a validation split; otherwise one is carved from train."""
+    load: Callable[[DatasetConfig, str | None], RawSource] | None = None
+    """A source that is no data mirror (the user's files, a generator): `load(dataset config, S3 endpoint)`, which
+    fails in one DataError line naming the setting; None reads the mirror or the hub."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,9 @@ def missing_mirror_message(dcfg: DatasetConfig, mirror: Path, files: tuple[str, 
 
 def check_mirror(dcfg: DatasetConfig, builder: DatasetBuilder) -> list[str]:
     """The mirror files missing for a source that may fall back to the hub; DataError in one line when the mirror
-    must be there (`dataset.source=mirror`, or a mirror the user named)."""
+    must be there (`dataset.source=mirror`, or a mirror the user named). A builder with its own `load` has none."""
+    if builder.load is not None:
+        return []
     mirror = resolve_mirror_dir(dcfg)
     missing = [f for f in builder.mirror_files if not (mirror / f).is_file()]
     if missing and (dcfg.source == "mirror" or (dcfg.source == "auto" and mirror_knob(dcfg))):
@@ -106,8 +111,11 @@ def check_mirror(dcfg: DatasetConfig, builder: DatasetBuilder) -> list[str]:
     return missing
 
 
-def load_raw(dcfg: DatasetConfig, builder: DatasetBuilder) -> RawSource:
-    """Read the raw rows from where `dataset.source` says, or raise DataError with the fix."""
+def load_raw(dcfg: DatasetConfig, builder: DatasetBuilder, endpoint_url: str | None = None) -> RawSource:
+    """Read the raw rows from where `dataset.source` says (or the builder's own `load`), or raise DataError with the
+    fix; `endpoint_url`: the S3 endpoint of s3:// files a builder reads."""
+    if builder.load is not None:
+        return builder.load(dcfg, endpoint_url)
     mirror = resolve_mirror_dir(dcfg)
     missing = check_mirror(dcfg, builder)
     if dcfg.source == "mirror" or (dcfg.source == "auto" and not missing):
@@ -190,7 +198,7 @@ def read_jsonl(path: Path, split: str) -> list[RawRecord]:
                 continue
             pos = len(records)
             text = line.decode("utf-8", errors="replace").rstrip("\r\n")
-            data, error = _parse_json(line)
+            data, error = parse_json(line)
             records.append(RawRecord(split=split, position=pos, uid=f"{split}/{pos}", raw=text, data=data, error=error))
     return records
 
@@ -207,7 +215,7 @@ def read_tar_json(path: Path, split: str) -> list[RawRecord]:
         for pos, member in enumerate(members):
             fileobj = tar.extractfile(member)
             blob = fileobj.read() if fileobj is not None else b""
-            data, error = _parse_json(blob)
+            data, error = parse_json(blob)
             rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
             records.append(
                 RawRecord(
@@ -229,7 +237,7 @@ def _member_key(member: tarfile.TarInfo) -> tuple[str, int, str]:
     return (head, int(stem) if stem.isdigit() else -1, tail)
 
 
-def _parse_json(blob: bytes) -> tuple[Any, str | None]:
+def parse_json(blob: bytes) -> tuple[Any, str | None]:
     try:
         return json.loads(blob.decode("utf-8")), None
     except UnicodeDecodeError as e:

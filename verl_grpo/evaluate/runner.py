@@ -31,6 +31,7 @@ from verl_grpo.evaluate.generation import Generation, GenerationParams, Generato
 from verl_grpo.evaluate.metrics import aggregate, sampled_metrics, score_row
 from verl_grpo.evaluate.models import model_key, resolve_model_dir
 from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_subset, subset_digest, to_problems
+from verl_grpo.rewards.user_reward import UserReward
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
 from verl_grpo.trainers.trl.tools import tool_result_tokens, uses_search
@@ -51,6 +52,8 @@ class EvalPlan:
     sampled: GenerationParams | None
     settings_key: str
     split: str
+    scorer: Scorer | None = None
+    """The run's own reward function (reward.path) when it has one; None: the task's own scorer."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,14 @@ def plan_eval(cfg: RunConfig, dataset: DatasetVersion, store: Store, tools: Sequ
             temperature=cfg.algorithm.temperature if temperature is None else temperature,
             top_p=cfg.algorithm.top_p if top_p is None else top_p, seed=cfg.eval.seed,
         )
+    user = UserReward.of(cfg)
     blob = json.dumps({
         "dataset": dataset.hash, "split": split, "subset": subset_digest(problems), "greedy": greedy.key_fields(),
         "sampled": sampled.key_fields() if sampled else None,
         **({"tools": tools, "max_tool_turns": cfg.services.retrieval.max_tool_turns} if tools else {}),
+        **({"reward": user.fingerprint()} if user else {}),  # a cached base eval is scored by this very function
     }, sort_keys=True)
-    return EvalPlan(problems, greedy, sampled, hashlib.sha256(blob.encode()).hexdigest()[:16], split)
+    return EvalPlan(problems, greedy, sampled, hashlib.sha256(blob.encode()).hexdigest()[:16], split, user)
 
 
 def evaluate_model(
@@ -269,7 +274,7 @@ def finish_eval(
 ) -> EvalReport:
     """Merge the shards' responses back into plan order, score, aggregate and write the table to `out_rel`."""
     prompts, greedy, sampled = merge_shards(shards, len(plan.problems))
-    table, metrics = score_problems(plan.problems, prompts, greedy, sampled, scorer or _default_scorer())
+    table, metrics = score_problems(plan.problems, prompts, greedy, sampled, scorer or plan.scorer or _default_scorer())
     table_uri = _write_table(table, store, out_rel)
     return EvalReport(model_uri=model_uri, split=plan.split, n=len(prompts), metrics=metrics, table_uri=table_uri,
                       settings_key=plan.settings_key)

@@ -69,7 +69,7 @@ class Line:
 
 def run_line(cfg: RunConfig) -> Line:
     """The line a run of `cfg` belongs to."""
-    return Line.of(cfg.model.name, cfg.dataset.name)
+    return Line.of(cfg.model.name, cfg.task)
 
 
 def canonical_model(name: str) -> str:

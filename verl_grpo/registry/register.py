@@ -212,7 +212,7 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
               extra: Mapping[str, str]) -> dict[str, str]:
     tags = {
         tracking.RUN_ID_TAG: run_id,
-        DATASET_NAME_TAG: dataset.name,
+        DATASET_NAME_TAG: cfg.task,
         "dataset.hash": dataset.hash,
         "trainer.backend": cfg.trainer.backend,
         "infra.provider": cfg.infra.provider,

@@ -6,7 +6,9 @@ package, `name=compute_score`); TRL gets per-component functions from `trl_adapt
 
 QA (`squad`, and verl's Search-R1 rows: any `searchR1_<name>` data_source) is scored by exact match of the
 final answer block against the gold answers (`qa`); `reward.custom_reward_function.reward_kwargs.qa_match=subem`
-switches to substring match.
+switches to substring match. reasoning-gym rows (`reasoning_gym/<generator>`) are judged by the generator's own
+`score_answer` (`reasoning_gym`). A run with its own function (`reward.path`) is scored by it instead, everywhere:
+`run_scorer(cfg)`, guarded by `user_reward`.
 """
 
 from verl_grpo.rewards.scoring import (
@@ -15,6 +17,7 @@ from verl_grpo.rewards.scoring import (
     compute_score,
     compute_scores,
     dataset_of,
+    run_scorer,
 )
 
-__all__ = ["DATA_SOURCES", "WEIGHTS", "compute_score", "compute_scores", "dataset_of"]
+__all__ = ["DATA_SOURCES", "WEIGHTS", "compute_score", "compute_scores", "dataset_of", "run_scorer"]

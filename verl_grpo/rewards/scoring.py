@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from verl_grpo.rewards import gsm8k, math_, mbpp, qa
+from verl_grpo.rewards import gsm8k, math_, mbpp, qa, reasoning_gym
 
 SEARCH_R1_PREFIX = "searchR1_"
 """verl's Search-R1 rows are named searchR1_<dataset> (searchR1_nq, searchR1_hotpotqa, ...); any such name is QA."""
@@ -24,12 +24,15 @@ DATA_SOURCES: dict[str, str] = {
     "squad": "squad",
     "rajpurkar/squad": "squad",
     "nq_hotpotqa": "nq_hotpotqa",
+    "reasoning_gym": "reasoning_gym",
     **{
         SEARCH_R1_PREFIX + name: "nq_hotpotqa"
         for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
     },
 }
-"""Accepted data_source values → our dataset name (plus any other name starting with SEARCH_R1_PREFIX)."""
+"""Accepted data_source values → our dataset name (plus any other name starting with SEARCH_R1_PREFIX, and
+reasoning-gym's rows, REASONING_GYM_PREFIX + generator)."""
+REASONING_GYM_PREFIX = "reasoning_gym/"
 
 WEIGHTS: dict[str, dict[str, float]] = {
     "gsm8k": gsm8k.WEIGHTS,
@@ -37,6 +40,7 @@ WEIGHTS: dict[str, dict[str, float]] = {
     "mbpp": mbpp.WEIGHTS,
     "squad": qa.WEIGHTS,
     "nq_hotpotqa": qa.WEIGHTS,
+    "reasoning_gym": reasoning_gym.WEIGHTS,
 }
 """Component weights per dataset (GRAIL); each table sums to 1."""
 
@@ -49,11 +53,14 @@ def dataset_of(data_source: str) -> str:
     name = DATA_SOURCES.get(source) or DATA_SOURCES.get(source.lower())
     if name is None and source.lower().startswith(SEARCH_R1_PREFIX.lower()) and len(source) > len(SEARCH_R1_PREFIX):
         name = "nq_hotpotqa"
+    if name is None and (source == "reasoning_gym" or source.startswith(REASONING_GYM_PREFIX)):
+        name = "reasoning_gym"
     if name is None:
         named = sorted((s for s in DATA_SOURCES if not s.startswith(SEARCH_R1_PREFIX)), key=str.lower)
         raise ValueError(
-            f"unknown data_source {data_source!r}; supported: {', '.join(named)}, and any {SEARCH_R1_PREFIX}<name> "
-            "(verl's Search-R1 rows, e.g. searchR1_nq)"
+            f"unknown data_source {data_source!r}; supported: {', '.join(named)}, any {SEARCH_R1_PREFIX}<name> "
+            f"(verl's Search-R1 rows, e.g. searchR1_nq) and {REASONING_GYM_PREFIX}<generator>; another task is scored "
+            "by your own function (reward.path)"
         )
     return name
 
@@ -72,6 +79,8 @@ def compute_score(
         return gsm8k.compute_score(solution_str, ground_truth)
     if dataset == "math":
         return math_.compute_score(solution_str, ground_truth)
+    if dataset == "reasoning_gym":
+        return reasoning_gym.compute_score(solution_str, ground_truth)
     if dataset in QA_DATASETS:
         match = kwargs.get("qa_match")
         return qa.compute_score(solution_str, ground_truth, match="em" if match is None else match)
@@ -88,3 +97,12 @@ def compute_scores(
     if dataset_of(data_source) == "mbpp":
         return mbpp.compute_scores(solution_strs, ground_truths)
     return [compute_score(data_source, s, g, **kwargs) for s, g in zip(solution_strs, ground_truths)]
+
+
+def run_scorer(cfg: Any):
+    """What scores a run's responses, with verl's signature: the user's function (reward.path, guarded: see
+    rewards.user_reward), else the task's own scorer (`compute_score`, dispatching on data_source)."""
+    from verl_grpo.rewards.user_reward import UserReward
+
+    user = UserReward.of(cfg)
+    return user if user is not None else compute_score

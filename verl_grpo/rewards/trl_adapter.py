@@ -18,6 +18,7 @@ from typing import Any
 from verl_grpo.errors import DataError
 from verl_grpo.formats import THINK_CLOSE, THINK_OPEN
 from verl_grpo.rewards.scoring import WEIGHTS, compute_scores, dataset_of
+from verl_grpo.rewards.user_reward import FailureGuard, UserReward, step_metrics
 
 _CACHE_SIZE = 8192
 
@@ -140,3 +141,46 @@ def trl_reward_functions(data_source: str) -> tuple[list[Callable[..., list[floa
     dataset = dataset_of(data_source)
     weights = WEIGHTS[dataset]
     return [ComponentReward(dataset, name) for name in weights], list(weights.values())
+
+
+Results = Callable[[Sequence[Any], Sequence[str], Sequence[Any], Sequence[Any] | None], list[dict]]
+"""(data sources, texts, ground truths, extra infos) → one normalised score dict each (rewards.user_reward)."""
+
+
+class UserScoreReward:
+    """The one TRL reward function of a run scored by the user's own function (reward.path): returns each
+    completion's `score`; logs each numeric component as `rewards/<key>/mean` and the step's failed calls as
+    `reward/failed` (TRL's `log_metric`), and stops the run when every row of its first step failed."""
+
+    __name__ = "score"
+
+    def __init__(self, reward: UserReward, first_step_rows: int, results: Results | None = None):
+        """`results`: how rows are scored (default: the function in this process's workers; the reward-server's
+        client with `services: [reward]`)."""
+        self.reward = reward
+        self.results = results or reward.score_many
+        self.guard = FailureGuard(reward, first_step_rows)
+
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
+                 **kwargs: Any) -> list[float]:
+        texts, truths = texts_and_truths(completions, kwargs)
+        sources = kwargs.get("data_source") or [""] * len(texts)
+        results = self.results(sources, texts, truths, kwargs.get("extra_info"))
+        self.guard.check(results)
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None:
+            for name, value in step_metrics(results).items():
+                log_metric(name, value)
+        return [float(r["score"]) for r in results]
+
+    def __repr__(self) -> str:
+        return f"UserScoreReward({self.reward.label})"
+
+
+def user_reward_functions(cfg: Any, results: Results | None = None) -> tuple[list[UserScoreReward], list[float]]:
+    """(reward_funcs, reward_weights) for GRPOTrainer when the run has its own function (reward.path)."""
+    reward = UserReward.of(cfg)
+    if reward is None:
+        raise DataError("user_reward_functions needs reward.path; the task's own scorer is trl_reward_functions")
+    rows = cfg.algorithm.train_batch_size * cfg.algorithm.rollouts
+    return [UserScoreReward(reward, rows, results)], [1.0]

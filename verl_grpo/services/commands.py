@@ -18,10 +18,11 @@ from verl_grpo.store_layout import services_dir
 
 
 def service_settings_args(name: str, cfg: RunConfig, run_id: str, dataset_uri: str | None = None,
-                          corpus: str | None = None) -> list[str]:
+                          corpus: str | None = None, reward_path: str | None = None) -> list[str]:
     """Everything after `serve --host H --port P` for service `name` with the run's settings (no secrets).
 
-    `corpus` overrides services.retrieval.corpus (the SkyPilot job group passes the corpus's store URI)."""
+    `corpus` overrides services.retrieval.corpus (the SkyPilot job group passes the corpus's store URI);
+    `reward_path` overrides reward.path (where the run's reward file lies on a job group's node)."""
     s = cfg.services
     args = ["--token-env", s.token_env, "--max-body-bytes", str(s.max_body_bytes)]
     store = ["--store-uri", cfg.storage.uri] + (["--store-endpoint", cfg.storage.endpoint_url]
@@ -32,6 +33,9 @@ def service_settings_args(name: str, cfg: RunConfig, run_id: str, dataset_uri: s
     elif name == "reward":
         args += ["--max-items", str(s.reward.max_items), "--model-batch-size", str(s.reward.model_batch_size)]
         args += ["--reward-model", s.reward.reward_model] if s.reward.reward_model else []
+        if cfg.reward.path:
+            args += ["--reward-path", reward_path or cfg.reward.path, "--reward-name", cfg.reward.name,
+                     "--reward-timeout-s", f"{cfg.reward.timeout_s:g}"]
     elif name == "retrieval":
         r = s.retrieval
         args += store + ["--index", r.index, "--kind", r.index_kind, "--default-top-k", str(r.default_top_k),

@@ -156,3 +156,30 @@ def remote_trl_reward_functions(data_source: str, client_factory: Callable[[], S
     scores = _RemoteScores(client_factory or _default_client)
     weights = WEIGHTS[dataset]
     return [RemoteComponentReward(dataset, name, scores) for name in weights], list(weights.values())
+
+
+class RemoteResults:
+    """Score dicts of rows from the reward-server, one request per call (a run scored by its own function: the server
+    runs it). Picklable: the HTTP client is made on first use."""
+
+    def __init__(self, client_factory: Callable[[], ServiceClient] | None = None):
+        self._client_factory = client_factory or _default_client
+        self._client: ServiceClient | None = None
+
+    def __call__(self, data_sources: Sequence[Any], texts: Sequence[str], truths: Sequence[Any],
+                 extra_infos: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        extra_infos = list(extra_infos) if extra_infos is not None else [None] * len(texts)
+        if self._client is None:
+            self._client = self._client_factory()
+        items = [reward_item(d, t, g, e) for d, t, g, e in zip(data_sources, texts, truths, extra_infos, strict=True)]
+        return score_batch(items, self._client)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"client_factory": self._client_factory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["client_factory"])
+
+
+def remote_results(client_factory: Callable[[], ServiceClient] | None = None) -> RemoteResults:
+    return RemoteResults(client_factory)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, JsonValue
 
 from verl_grpo.errors import DataError
 from verl_grpo.rewards import compute_scores, dataset_of
+from verl_grpo.rewards.user_reward import UserReward
 from verl_grpo.services import SERVICES
 from verl_grpo.services.http import ERROR_RESPONSES, ServiceError, create_app
 from verl_grpo.services.serving import Serving, serve_command, service_cli
@@ -80,11 +81,20 @@ class BatchRewardResponse(BaseModel):
 
 
 class RuleScorer:
-    """verl_grpo.rewards behind the batch API (MBPP through the shared sandbox pool)."""
+    """verl_grpo.rewards behind the batch API (MBPP through the shared sandbox pool), or the run's own function
+    (`--reward-path`, guarded as everywhere: a failing call scores its item 0 with `failed` 1)."""
 
     kind = "rule"
 
+    def __init__(self, user: UserReward | None = None):
+        self.user = user
+        if user is not None:
+            user.check()  # a function that cannot even be imported fails the server's start, in one line
+
     def score(self, items: list[RewardItem]) -> list[dict[str, Any]]:
+        if self.user is not None:
+            return self.user.score_many([i.data_source for i in items], [i.solution_str for i in items],
+                                        [i.ground_truth for i in items], [i.extra_info for i in items])
         groups: dict[str, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
             try:
@@ -103,7 +113,7 @@ class RuleScorer:
         return [r for r in out if r is not None]
 
     def info(self) -> dict[str, Any]:
-        return {"scorer": self.kind}
+        return {"scorer": self.kind, **({"reward": self.user.label} if self.user else {})}
 
 
 class ModelScorer:
@@ -157,9 +167,15 @@ cli = service_cli("reward-server: verifiable rewards (or a neural reward model) 
                click.option("--reward-model", default=None, envvar="VERL_GRPO_REWARD_MODEL",
                             help="Sequence-classification model dir to score with instead of the rule-based scorers."),
                click.option("--model-batch-size", type=int, default=16, show_default=True),
-               click.option("--max-items", type=int, default=4096, show_default=True))
-def serve(serving: Serving, reward_model, model_batch_size, max_items) -> None:
-    scorer = ModelScorer(reward_model, model_batch_size) if reward_model else RuleScorer()
+               click.option("--max-items", type=int, default=4096, show_default=True),
+               click.option("--reward-path", default=None,
+                            help="The run's own reward function: a .py file or pkg.module (reward.path)."),
+               click.option("--reward-name", default="compute_score", show_default=True),
+               click.option("--reward-timeout-s", type=float, default=10.0, show_default=True))
+def serve(serving: Serving, reward_model, model_batch_size, max_items, reward_path, reward_name,
+          reward_timeout_s) -> None:
+    user = UserReward(reward_path, reward_name, reward_timeout_s) if reward_path else None
+    scorer = ModelScorer(reward_model, model_batch_size) if reward_model else RuleScorer(user)
     serving.run(build_app(scorer, serving.token, serving.max_body_bytes, max_items))
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_grpo.rewards.user_reward import FAILED_METRIC
+
 
 @dataclass(frozen=True)
 class SummaryNames:
@@ -22,6 +24,8 @@ class SummaryNames:
     """Records of earlier steps are not training steps (verl logs its initial validation as step 0)."""
     totals: tuple[str, ...] = ()
     """Run totals the trainer reports at the end, kept under their own names (HF's `train_runtime`, …)."""
+    sums: Mapping[str, str] = field(default_factory=lambda: {FAILED_METRIC: "reward_failed_rows"})
+    """Per-step counts summed over the training steps → the sum's summary name (rows a user's reward failed on)."""
 
     def summary_name(self, key: str) -> str | None:
         if key in self.final:
@@ -45,6 +49,10 @@ def summarize(records: Sequence[Mapping[str, Any]], names: SummaryNames,
         rewards = [r[names.reward] for r in train if _is_number(r.get(names.reward))]
         if rewards:
             out["mean_reward"] = sum(rewards) / len(rewards)
+        for key, name in names.sums.items():
+            counts = [float(r[key]) for r in train if _is_number(r.get(key))]
+            if counts:
+                out[name] = sum(counts)
     for key in names.totals:
         value = (totals or {}).get(key)
         if _is_number(value):

@@ -90,7 +90,18 @@ def base_model_path(spec: WorkerSpec) -> Path | str:
 
 
 def _reward_functions(cfg, data_source: str):
-    """In-process scorers, or the run's reward-server (same functions and weights) when `services` enables it."""
+    """In-process scorers, or the run's reward-server (same functions and weights) when `services` enables it; a run
+    with its own function (reward.path) has one reward function, `score`, that calls it (there or here)."""
+    if cfg.reward.path:
+        from verl_grpo.rewards.trl_adapter import user_reward_functions
+
+        results = None
+        if "reward" in cfg.services.enabled:
+            from verl_grpo.services.reward_client import remote_results
+
+            results = remote_results()
+        say(f"rewards: scored by {cfg.reward.name} in {cfg.reward.path}" + (" on the reward-server" if results else ""))
+        return user_reward_functions(cfg, results)
     if "reward" in cfg.services.enabled:
         from verl_grpo.services.reward_client import remote_trl_reward_functions
 

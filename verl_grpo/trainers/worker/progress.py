@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from verl_grpo.rewards.user_reward import FAILED_METRIC
 from verl_grpo.trainers.protocol import TrainProgress, numbers
 from verl_grpo.trainers.signal import CLIPPED_RATIO, MEAN_LENGTH, TIED_GROUP_SHARE, component_key, components
 
 LABELS = (("reward", "reward"), ("reward_std", "reward_std"), (TIED_GROUP_SHARE, "tied"), (MEAN_LENGTH, "len"),
-          (CLIPPED_RATIO, "clip"), ("loss", "loss"), ("kl", "kl"), ("step_time", "s/step"))
+          (CLIPPED_RATIO, "clip"), ("loss", "loss"), ("kl", "kl"), (FAILED_METRIC, "failed"), ("step_time", "s/step"))
 """Metric → its label in the line, in line order; the reward components go after `tied`, as COMPONENT + name."""
 COMPONENT = "r."
 """Label prefix of a reward component's mean (`rewards/correctness/mean` → `r.correctness`)."""
