@@ -20,10 +20,15 @@ TOTAL_KEYS = ("reward", "critic/score/mean")
 """The total (weighted) reward per step: TRL's name, verl's name."""
 DIAGNOSTICS = (("length", ("completions/mean_length", "response_length/mean")),
                ("clipped", ("completions/clipped_ratio", "response_length/clip_ratio")),
-               ("tied", ("signal/tied_group_share",)))
+               ("tied", ("signal/tied_group_share",)),
+               ("failed", ("reward/failed",)))
 """Columns after the reward components: mean response tokens, share cut at the length budget, share of GRPO
-groups with no reward spread (no learning signal)."""
+groups with no reward spread (no learning signal), rows on which the user's reward function failed (scored 0)."""
 _COMPONENT_PREFIX, _COMPONENT_SUFFIX = "rewards/", "/mean"
+CLASH = "r."
+"""Prefix of a component column whose name is also a column of its own (a user's `length` component)."""
+NOT_COMPONENTS = {"score"}
+"""`rewards/score/mean`: the one function of a run scored by the user's own function, i.e. the total again."""
 
 
 def records(lines: Iterable[str]) -> list[dict[str, Any]]:
@@ -93,16 +98,20 @@ def _columns(recs: list[dict[str, Any]]) -> list[str]:
     if not any(_value(r, TOTAL) is not None for r in recs):
         return []
     components: dict[str, None] = {}
+    taken = {TOTAL, "step", *(name for name, _ in DIAGNOSTICS)}
     for r in recs:
         for key in r:
             if key.startswith(_COMPONENT_PREFIX) and key.endswith(_COMPONENT_SUFFIX):
-                components.setdefault(key[len(_COMPONENT_PREFIX) : -len(_COMPONENT_SUFFIX)], None)
+                name = key[len(_COMPONENT_PREFIX) : -len(_COMPONENT_SUFFIX)]
+                if name not in NOT_COMPONENTS:
+                    components.setdefault(f"{CLASH}{name}" if name in taken else name, None)
     diagnostics = [name for name, _ in DIAGNOSTICS if any(_value(r, name) is not None for r in recs)]
     return [TOTAL, *components, *diagnostics]
 
 
 def _value(record: dict[str, Any], column: str) -> float | None:
-    keys = TOTAL_KEYS if column == TOTAL else dict(DIAGNOSTICS).get(column, (f"{_COMPONENT_PREFIX}{column}"
+    component = column.removeprefix(CLASH)
+    keys = TOTAL_KEYS if column == TOTAL else dict(DIAGNOSTICS).get(column, (f"{_COMPONENT_PREFIX}{component}"
                                                                           f"{_COMPONENT_SUFFIX}",))
     for key in keys:
         value = record.get(key)
@@ -121,4 +130,6 @@ def _cell(column: str, value: float | None) -> str:
         return "-"
     if column == "step":
         return str(int(value))
+    if column == "failed":
+        return f"{value:g}"
     return f"{value:.1f}" if column == "length" else f"{value:.3f}"

@@ -9,7 +9,7 @@ from pathlib import Path
 from verl_grpo.chain import Outcome
 from verl_grpo.comparison import MetricChange, grpo_line, tools_line
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import ModelVersion
+from verl_grpo.contracts import EvalReport, ModelVersion
 from verl_grpo.mirrors import warning_line
 from verl_grpo.providers.placement import placement
 from verl_grpo.reward_curve import curve_markdown, curve_text
@@ -48,7 +48,8 @@ def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: 
         "mlflow_run_id": version.mlflow_run_id,
         "mirrors": ", ".join(f"{m.name} {m.where if m.ok else 'FAILED'}" for m in version.mirrors),
         "warnings": [*version.health, *(version.cloud_cost.warnings if version.cloud_cost else []),
-                     *(warning_line(m, run_id) for m in version.mirrors if not m.ok)],
+                     *(warning_line(m, run_id) for m in version.mirrors if not m.ok),
+                     *reward_failure_lines(cfg, result.summary, report)],
         "warm_start": warm_start_line(result.summary),
         "async_loop": async_loop_lines(result.summary),
         "reward_curve_png": curve_png,
@@ -70,6 +71,18 @@ def cloud_cost_fact(cfg: RunConfig, version: ModelVersion) -> dict[str, str]:
     if cluster := placement(cfg).existing_cluster:
         return {"cloud_cost": f"not measured: the existing cluster {cluster} is billed whatever runs on it"}
     return {}
+
+
+def reward_failure_lines(cfg: RunConfig, train_summary: dict, report: EvalReport) -> list[str]:
+    """What the user's reward function failed on (each such row scored 0): training rows, and the share of the
+    trained model's eval rows; nothing when it never failed."""
+    if not cfg.reward.path:
+        return []
+    failed, share = train_summary.get("reward_failed_rows") or 0, report.metrics.get("reward/failed") or 0.0
+    if not failed and not share:
+        return []
+    return [f"reward function {cfg.reward.name} in {cfg.reward.path} failed on {failed:g} training rows and "
+            f"{share:.1%} of the eval rows (each scored 0; the first reason is in the training log)"]
 
 
 def warm_start_line(train_summary: dict) -> str:

@@ -159,13 +159,14 @@ def _finite(value: Any, what: str) -> tuple[float | None, str | None]:
     return number, None
 
 
-def step_metrics(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """A step's metrics of its scored rows: each numeric component's mean (`rewards/<key>/mean`, TRL's naming) and
-    the count of failed calls (FAILED_METRIC)."""
+def step_metrics(results: Sequence[Mapping[str, Any]], count_failures: bool = True) -> dict[str, float]:
+    """A step's metrics of its scored rows: each numeric component's mean (`rewards/<key>/mean`, TRL's naming) and,
+    with `count_failures` (a run scored by the user's function), the count of failed calls (FAILED_METRIC)."""
     keys = dict.fromkeys(k for r in results for k, v in r.items()
                          if k not in RESERVED and isinstance(v, (int, float)) and not isinstance(v, bool))
     out = {f"rewards/{key}/mean": sum(float(r.get(key, 0.0)) for r in results) / max(len(results), 1) for key in keys}
-    out[FAILED_METRIC] = float(sum(float(r.get(FAILED, 0.0)) >= 1.0 for r in results))
+    if count_failures:
+        out[FAILED_METRIC] = float(sum(float(r.get(FAILED, 0.0)) >= 1.0 for r in results))
     return out
 
 

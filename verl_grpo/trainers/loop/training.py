@@ -28,6 +28,7 @@ import torch
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.contracts import CheckpointRef, TrainResult
 from verl_grpo.errors import DataError, InfraError
+from verl_grpo.rewards.user_reward import FailureGuard, UserReward, step_metrics
 from verl_grpo.services import DEFAULT_TOKEN_ENV, token_file_env
 from verl_grpo.services.client import ServiceClient, service_url
 from verl_grpo.store_layout import STEP_PREFIX
@@ -190,6 +191,8 @@ class Loop:
         self.want_replay = replay_count(alg.train_batch_size, cfg.async_training.replay_share)
         self.max_uses = 1 + cfg.async_training.max_replays
         self.no_signal = NoSignalWatch.from_config(cfg)
+        user = UserReward.of(cfg)  # the reward-server runs the user's function; a first step it failed on stops here
+        self.reward_guard = FailureGuard(user, alg.train_batch_size * alg.rollouts) if user else None
         self.server_versions: dict[str, int] = {}
         self.pending_retire: set[int] = set()
         """Replay items to retire once the checkpoint holding the uses that retire them is committed (a killed
@@ -249,6 +252,8 @@ class Loop:
             stale = is_stale(group.policy_version, current, at.max_staleness)
             (batch.dropped if stale else batch.fresh).append(group)
         t = times.add("rollout_wait", t)
+        if self.reward_guard is not None:
+            self.reward_guard.check([r.components for g in batch.fresh for r in g.rollouts])
         groups = batch.trained
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = warmup_lr(alg.lr, alg.warmup_steps, state.step + 1)
@@ -366,6 +371,8 @@ class Loop:
             "replayed_prompt_ids": [g.prompt_id for g in replayed],
             "dropped_prompt_ids": [g.prompt_id for g in dropped],
         }
+        record.update(step_metrics([r.components for g in fresh for r in g.rollouts],
+                                   count_failures=self.reward_guard is not None))
         for i, url in enumerate(self.workers):
             record[f"policy_version/server_{i}"] = self.server_versions.get(url)
         for name, seconds in times.seconds.items():
