@@ -102,6 +102,8 @@ def _print_where_to_look(summary: dict, cfg) -> None:
         click.echo(f"  search tool       {summary['tools'].removeprefix('search tool: ')}")
     click.echo(f"  registered model  {summary['registered']}  aliases: {summary['aliases'] or '-'}  "
                f"({summary['decision']})")
+    if summary.get("quarantined"):
+        click.echo(f"  quarantined       {summary['quarantined']}")
     for line in summary.get("warnings", []):
         click.secho(f"  warning           {line}", fg="yellow")
     click.echo(f"  checkpoint        {summary['checkpoint']}")

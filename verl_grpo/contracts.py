@@ -24,6 +24,8 @@ class DatasetVersion(_Record):
     """Split name → accepted rows."""
     rejected: int = 0
     """Rows quarantined in rejected.parquet."""
+    rejected_by_reason: dict[str, int] = {}
+    """Reason (data.schema.Reason) → quarantined rows."""
     source: str = ""
     """Where the raw data came from (mirror path or hub id)."""
 

@@ -22,6 +22,8 @@ import re
 
 DATASETS = "datasets"
 DATASET_MANIFEST = "manifest.json"
+DATASET_REJECTED = "rejected.parquet"
+"""A dataset version's quarantined rows, each with its reason."""
 RUNS = "runs"
 RUN_CONFIG = "config.yaml"
 RUN_RECORD = "run.json"

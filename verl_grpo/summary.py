@@ -9,10 +9,11 @@ from pathlib import Path
 from verl_grpo.chain import Outcome
 from verl_grpo.comparison import MetricChange, grpo_line, tools_line
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import EvalReport, ModelVersion
+from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion
 from verl_grpo.mirrors import warning_line
 from verl_grpo.providers.placement import placement
 from verl_grpo.reward_curve import curve_markdown, curve_text
+from verl_grpo.store_layout import DATASET_REJECTED
 
 
 def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: dict | None = None,
@@ -31,6 +32,7 @@ def summary_dict(outcome: Outcome, changes: Sequence[MetricChange] = (), curve: 
         "run_id": run_id,
         "config_digest": cfg.digest(),
         "dataset": f"{dataset.name}@{dataset.hash}",
+        "quarantined": quarantine_line(dataset),
         "model": cfg.model.name,
         "steps": result.final_step,
         "eval_split": f"{report.split} (n={report.n})",
@@ -71,6 +73,16 @@ def cloud_cost_fact(cfg: RunConfig, version: ModelVersion) -> dict[str, str]:
     if cluster := placement(cfg).existing_cluster:
         return {"cloud_cost": f"not measured: the existing cluster {cluster} is billed whatever runs on it"}
     return {}
+
+
+def quarantine_line(dataset: DatasetVersion) -> str:
+    """How many rows preparation quarantined, by reason, and where they are listed ("" for none)."""
+    if not dataset.rejected:
+        return ""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(dataset.rejected_by_reason.items(),
+                                                                 key=lambda item: -item[1]))
+    return f"{dataset.rejected} rows ({reasons or 'see the file'}), each with its reason in " \
+           f"{dataset.uri}/{DATASET_REJECTED} and the MLflow run's data/ artifacts"
 
 
 def reward_failure_lines(cfg: RunConfig, train_summary: dict, report: EvalReport) -> list[str]:

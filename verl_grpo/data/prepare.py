@@ -44,7 +44,7 @@ from verl_grpo.data.sources import DatasetBuilder, RawSource, load_raw
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.formats import default_system_prompt
 from verl_grpo.store import Store, strip_scheme
-from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, dataset_dir
+from verl_grpo.store_layout import DATASET_MANIFEST as MANIFEST, DATASET_REJECTED, dataset_dir
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ def builder_for(dcfg: DatasetConfig) -> DatasetBuilder:
     """The builder of the configured dataset."""
     make = CONFIGURED_BUILDERS.get(dcfg.name)
     return make(dcfg) if make else BUILDERS[dcfg.name]
-REJECTED_FILE = "rejected.parquet"
 HASH_CHARS = 16
 AGENT_SETTING = "agent_name"
 """The settings key naming the rows' agent loop; present only for a dataset prepared for the tool agent."""
@@ -129,7 +128,7 @@ def _write_version(
         for split, rows in built.splits.items():
             _write_parquet(store, Path(tmp), rel, f"{split}.parquet", pa.Table.from_pylist(rows, schema=schema))
         rejected = pa.Table.from_pylist(built.rejected, schema=REJECTED_SCHEMA)
-        _write_parquet(store, Path(tmp), rel, REJECTED_FILE, rejected)
+        _write_parquet(store, Path(tmp), rel, DATASET_REJECTED, rejected)
     by_reason = dict(Counter(r["reason"] for r in built.rejected))
     manifest = {
         "name": builder.name,
@@ -138,7 +137,7 @@ def _write_version(
         "source": source.description,
         "source_sha256": source.fingerprint,
         "counts": {split: len(rows) for split, rows in built.splits.items()},
-        "files": {split: f"{split}.parquet" for split in built.splits} | {"rejected": REJECTED_FILE},
+        "files": {split: f"{split}.parquet" for split in built.splits} | {"rejected": DATASET_REJECTED},
         "rejected": {
             "total": len(built.rejected),
             "by_reason": by_reason,
@@ -153,7 +152,7 @@ def _write_version(
     if built.rejected:
         logger.warning(
             "dataset %s %s: %d rows quarantined in %s (by reason: %s)",
-            builder.name, digest, len(built.rejected), store.url(rel, REJECTED_FILE), by_reason,
+            builder.name, digest, len(built.rejected), store.url(rel, DATASET_REJECTED), by_reason,
         )
     logger.info(
         "prepared dataset %s %s at %s: %s in %.2fs",
@@ -325,6 +324,7 @@ def version_from_manifest(store: Store, rel: str, manifest: dict[str, Any]) -> D
         splits={split: store.url(rel, files[split]) for split in manifest["counts"]},
         counts=manifest["counts"],
         rejected=manifest["rejected"]["total"],
+        rejected_by_reason=manifest["rejected"].get("by_reason", {}),
         source=manifest["source"],
     )
 

@@ -42,7 +42,7 @@ from verl_grpo.registry.versions import (
 )
 from verl_grpo.reward_curve import curve_markdown, reward_curve
 from verl_grpo.store import Store, strip_scheme
-from verl_grpo.store_layout import DATASET_MANIFEST, run_config, run_reward_curve
+from verl_grpo.store_layout import DATASET_MANIFEST, DATASET_REJECTED, run_config, run_reward_curve
 from verl_grpo.trainers.signal import run_findings
 from verl_grpo.trainers.worker.samples import sample_rows, stored_samples
 
@@ -228,6 +228,9 @@ def _run_tags(cfg: RunConfig, run_id: str, dataset: DatasetVersion, train: Train
     return {**{str(k): str(v) for k, v in extra.items()}, **tags}
 
 
+REJECTED_ARTIFACT = "data/rejected.json"
+
+
 def _log_artifacts(client: MlflowClient, mlflow_run_id: str, outcome: Outcome, store: Store,
                    tables: EvalTables) -> None:
     """config.yaml, the data manifest, the eval tables + reports (file names: `<split>` for the trained model's,
@@ -263,6 +266,9 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, outcome: Outcome, s
         client.log_table(mlflow_run_id, table, f"{EVAL_ARTIFACT_DIR}/{report.split}-side_by_side.json")
     if samples := sample_rows(stored_samples(store, run_id)):  # what the model wrote while it trained
         client.log_table(mlflow_run_id, pd.DataFrame(samples), TRAIN_SAMPLES_ARTIFACT)
+    if dataset.rejected:  # the quarantined rows, each with its reason, as a table MLflow's UI shows
+        with store.fs.open(f"{strip_scheme(dataset.uri).rstrip('/')}/{DATASET_REJECTED}", "rb") as f:
+            client.log_table(mlflow_run_id, pd.read_parquet(f), REJECTED_ARTIFACT)
 
 
 def _recorded_decision(client: MlflowClient, name: str, version: MlflowModelVersion,
