@@ -118,3 +118,74 @@ def _find_hf_dir(root: str) -> str:
         if (config.parent / "tokenizer_config.json").exists():
             return str(config.parent)
     raise AssertionError(f"no HF model dir under {root}")
+
+
+CUSTOM_REWARD = '''
+import json
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    row = json.loads((extra_info or {}).get("row") or "{}")
+    if row.get("breaks_the_reward"):
+        raise KeyError("units")
+    said = solution_str.strip().split()
+    exact = float(bool(said) and said[-1] == str(ground_truth))
+    return {"score": 0.2 + 0.8 * exact, "exact": exact, "short": float(len(said) < 8)}
+'''
+
+
+def test_a_task_of_your_own_trains_is_scored_by_your_reward_and_registers_its_own_line(prefect_harness,
+                                                                                      tiny_overrides, tmp_path):
+    """dataset.name=custom: a JSONL in one directory and a reward .py in another, both outside the repo, through the
+    Prefect flow on the tiny model: its reward scores training and eval (its components become metrics; the rows it
+    fails on score 0 and are counted), the bad rows are quarantined with their reasons, the model gets its own
+    line."""
+    from flows.verl_grpo import verl_grpo
+
+    data, code = tmp_path / "data", tmp_path / "code"
+    data.mkdir(), code.mkdir()
+    rows = [{"prompt": f"What is {a} plus {b}?", "solution": a + b, **({"breaks_the_reward": True} if b == 3 else {})}
+            for a in range(8) for b in range(4)]
+    bad = ['{"prompt": "no solution"}', "not json at all", '{"prompt": "", "solution": 1}']
+    (data / "train.jsonl").write_text("\n".join([*map(json.dumps, rows), *bad]) + "\n")
+    (data / "test.jsonl").write_text("\n".join(json.dumps({"prompt": f"What is {a} plus 9?", "solution": a + 9,
+                                                           **({"breaks_the_reward": True} if a < 2 else {})})
+                                               for a in range(8)) + "\n")
+    (code / "sums_reward.py").write_text(CUSTOM_REWARD)
+    overrides = [*tiny_overrides, "dataset.name=custom", "dataset.task=sums", "dataset.prompt_key=prompt",
+                 "dataset.answer_key=solution", f"dataset.train_files=[{data / 'train.jsonl'}]",
+                 f"dataset.test_files=[{data / 'test.jsonl'}]", "dataset.val_size=4",
+                 f"reward.path={code / 'sums_reward.py'}", "algorithm.total_steps=2", "algorithm.train_batch_size=4",
+                 "eval.limit=null"]
+    summary = verl_grpo(config=["local"], overrides=overrides)
+    cfg = load_config(["local"], overrides)
+    assert summary["run_id"].startswith("sums-") and summary["registered"] == "verl-grpo-sums v1"
+
+    # Quarantined with a reason each, and listed.
+    assert "3 rows (" in summary["quarantined"] and "missing_answer 1" in summary["quarantined"] \
+        and "invalid_json 1" in summary["quarantined"] and "missing_question 1" in summary["quarantined"]
+    client = MlflowClient(tracking_uri=cfg.tracking.mlflow_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    rejected = json.loads(Path(client.download_artifacts(run.info.run_id, "data/rejected.json", str(tmp_path)))
+                          .read_text())
+    assert sorted(r[rejected["columns"].index("reason")] for r in rejected["data"]) == [
+        "invalid_json", "missing_answer", "missing_question"]
+
+    # The reward scored the eval: its components are eval metrics, the 2 rows it failed on are counted.
+    assert {"eval.reward.exact", "eval.reward.short", "base.reward.short"} <= set(run.data.metrics)
+    assert run.data.metrics["eval.reward.failed"] == pytest.approx(2 / 8)
+    # ... and training: each component per step, the failed rows counted per step and summed in the summary.
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/rewards/exact/mean")] == [1, 2]
+    curve = summary["reward_curve"]
+    assert {"exact", "short", "failed"} <= set(curve["columns"]) and "score" not in curve["columns"]
+    store = Store.from_config(cfg.storage)
+    train = pd.read_parquet(store.path("datasets", "sums", summary["dataset"].split("@")[1], "train.parquet"),
+                            filesystem=store.fs)
+    breaks = ["breaks_the_reward" in info["row"] for info in train["extra_info"]]
+    steps = [json.loads(line) for line in store.read_text("runs", summary["run_id"], "metrics.jsonl").splitlines()]
+    consumed = [i for step in steps for i in step["prompt_indices"]]
+    failed = 2 * sum(breaks[i] for i in consumed)  # each prompt's 2 rollouts
+    assert [step["reward/failed"] for step in steps] == [2 * sum(breaks[i] for i in s["prompt_indices"]) for s in steps]
+    assert failed > 0 and f"failed on {failed} training rows and 25.0% of the eval rows" in " ".join(
+        summary["warnings"])
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "verl-grpo/sums"
