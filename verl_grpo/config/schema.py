@@ -148,8 +148,9 @@ class DatasetConfig(_Section):
     experiment `verl-grpo/<task>`, the registered model `verl-grpo-<task>` and the store's `datasets/<task>/`.
     Required for `custom`; None means the dataset's name (reasoning_gym: `rg-<generator>`)."""
     train_files: list[str] = Field(default_factory=list)
-    """`custom`: the training rows, as local paths, `file://` or `s3://` URIs of JSONL (one object a line) or
-    parquet files (by suffix: .jsonl/.json/.parquet); dataset.val_size rows are carved into the validation split."""
+    """`custom`: the training rows, as local paths (relative ones from the directory the run starts in), `file://` or
+    `s3://` URIs of JSONL (one object a line) or parquet files (by suffix: .jsonl/.json/.parquet); dataset.val_size
+    rows are carved into the validation split."""
     test_files: list[str] = Field(default_factory=list)
     """`custom`: the held-out rows the evaluation uses, in the same forms as train_files."""
     prompt_key: str = "question"
@@ -175,6 +176,13 @@ class DatasetConfig(_Section):
     empty string (`-o dataset.system_prompt=`) sends no system message."""
     user_template: str = "{question}"
     """User message template; `{question}` is replaced by the problem text."""
+
+    @field_validator("train_files", "test_files")
+    @classmethod
+    def _absolute_local_files(cls, files: list[str]) -> list[str]:
+        """A relative path is taken from the directory the run was started in, once: every later process of the run
+        (a Prefect worker, a retry) reads the same file."""
+        return [f if "://" in f else os.path.abspath(os.path.expanduser(f)) for f in (str(f).strip() for f in files)]
 
     @field_validator("task")
     @classmethod
