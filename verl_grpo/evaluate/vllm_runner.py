@@ -4,7 +4,9 @@ The SkyPilot eval task (infra/skypilot/eval-vllm.yaml.j2) runs this on a GPU nod
 holds everything but secrets: the resolved run config (store URI and endpoint included), the dataset
 version, the model's store URI and where the per-problem table and the EvalReport go. Planning, scoring
 and aggregation are the CPU path's own (runner.plan_eval / run_eval); only generation differs:
-`VLLMGenerator`. vLLM is imported when the generator is built, so this module imports without it.
+`VLLMGenerator`. vLLM is imported when the generator is built, so this module imports without it. A run with its own
+reward function (reward.path) is scored by it here too: the spec's config names where the task fetched it
+(trainers.verl.node_reward), and it must import before vLLM starts.
 
 Exit codes as the other cluster entries: 0 done, 2 the user must fix something, 75 retryable, 1 failure.
 """
@@ -37,6 +39,7 @@ from verl_grpo.evaluate.generation import (
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval, with_run_tools, without_tools, without_tools_split
 from verl_grpo.rehearsal import ENV_ON_NODE, STANDIN_THREADS
+from verl_grpo.rewards.user_reward import UserReward
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.store_layout import eval_report, eval_spec, eval_table
 from verl_grpo.trainers.exits import run_entry
@@ -180,6 +183,8 @@ def run_spec(spec: EvalSpec, progress: Progress | None = None) -> EvalReport:
     cfg = node_config(spec.run_config())
     store = Store.from_config(cfg.storage)
     plan = plan_eval(cfg, spec.dataset, store)
+    if isinstance(plan.scorer, UserReward):  # the run's own function, fetched to this node: before paying for vLLM
+        plan.scorer.check()
     model_dir = resolve_model_dir(spec.model_uri, store)
     plain = _generator(spec, cfg, model_dir)
     try:

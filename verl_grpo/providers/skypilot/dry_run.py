@@ -8,7 +8,8 @@ model, the data splits are in the mirror (checks.py); verl overrides against ver
 the training and the eval (vLLM) SkyPilot YAML with SkyPilot's loaders, the recovery strategy against SkyPilot's
 registry, the accelerators of both against SkyPilot's catalog (local copy, `~/.sky/catalogs/v8`), and a lower-bound
 GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce), each task's imports
-against what its setup installs (`node_imports`), and the attention backend against what the nodes install
+against what its setup installs (`node_imports`), the run's own reward function shipped, imported in the nodes'
+package set and scoring a sample row (`reward_check`), and the attention backend against what the nodes install
 (`check_attention`). infra.spot is
 turned off, with a warning, where no catalog offer sells spot (checks.spot_choice, as the provider does).
 """
@@ -50,9 +51,11 @@ from verl_grpo.providers.skypilot.cost import (
 )
 from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
+from verl_grpo.providers.skypilot.reward_check import check_user_reward
 from verl_grpo.store import Store
 from verl_grpo.store_layout import dataset_dir, eval_spec
 from verl_grpo.trainers.verl.backend import VerlTrainer
+from verl_grpo.trainers.verl.node_reward import UserRewardPlan, node_reward
 from verl_grpo.trainers.verl.overrides import cluster_model_path, cluster_nodes, gpus_per_node, uses_fully_async
 
 DRY_RUN_ID = "dry-run"
@@ -75,6 +78,8 @@ class DryRunReport:
     """What the launch does differently from the config (e.g. on-demand where no spot is sold), one line each."""
     costs: CostEstimate | None = None
     seconds: float = 0.0
+    user_reward: UserRewardPlan | None = None
+    """The training plan's placement of the run's own reward function (reward.path), for its check."""
 
     def render(self) -> str:
         lines = [f"# {name}\n{text}" for name, text in self.yamls.items()]
@@ -132,6 +137,8 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
                                  f"({', '.join(report.costs.clouds)})")
             checks.run(check_eval_task, cfg, boundary, env, report.yamls)
     checks.run(check_node_imports, report.yamls)
+    if report.user_reward is not None:
+        checks.run(check_user_reward, report.yamls, report.user_reward)
     if cfg.infra.accelerators:
         checks.run(check_gpu_memory, cfg)
     checks.run(check_attention, cfg)
@@ -178,6 +185,7 @@ def _render_training(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str
     trainer = VerlTrainer(check_reward=check_reward, ship_models=False)
     spec = trainer.plan(cfg, _planned_dataset(cfg, store), store, DRY_RUN_ID, cluster)
     lines = list(trainer.last_validation.checks) if trainer.last_validation else []
+    report.user_reward = trainer.last_user_reward
     rendered = templates.render(cfg, spec, env)
     report.yamls[rendered.name] = rendered.yaml
     try:
@@ -223,8 +231,12 @@ def _check_recovery_strategy(cfg: RunConfig, boundary: ModuleType) -> str:
 
 def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str]) -> list[str]:
     """Render the held-out eval task into yamls["eval"], load it with SkyPilot and find its GPUs in the catalog."""
-    spec_uri = Store.from_config(cfg.storage).url(eval_spec(DRY_RUN_ID, cfg.eval.split))
-    rendered = templates.render_eval(cfg, DRY_RUN_ID, spec_uri, env)
+    store = Store.from_config(cfg.storage)
+    spec_uri = store.url(eval_spec(DRY_RUN_ID, cfg.eval.split))
+    # A module's place on the nodes is the training plan's check; only a file ships, and the eval fetches it.
+    shipped = (cfg.reward.path or "").endswith(".py")
+    reward = node_reward(cfg, store, templates.REMOTE_WORKDIR, upload=False) if shipped else None
+    rendered = templates.render_eval(cfg, DRY_RUN_ID, spec_uri, env, reward=reward)
     yamls["eval"] = rendered.yaml
     try:
         loaded = boundary.load_task(rendered.yaml)

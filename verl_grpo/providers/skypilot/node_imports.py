@@ -147,6 +147,22 @@ def _closure(entries: Iterable[str]) -> set[str]:
     return seen
 
 
+def file_imports(path: Path, stdlib: bool = False) -> tuple[list[str], list[str]]:
+    """A user's file's top-level imports outside the stdlib (only the stdlib's with `stdlib`): (those that run when
+    it is imported, those only in its functions or guarded by `except ImportError`). Relative imports are its
+    package's own and left out."""
+    tree = ast.parse(Path(path).read_text(), filename=str(path))
+    on_import = {name.split(".")[0] for name in _import_names(tree, "") if name and not name.startswith(".")}
+    every = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            every |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            every.add(node.module.split(".")[0])
+    keep = sorted(n for n in every if (n in sys.stdlib_module_names) == stdlib and n != "__future__")
+    return [n for n in keep if n in on_import], [n for n in keep if n not in on_import]
+
+
 def _third_party(module: str) -> list[str]:
     tops = {name.split(".")[0] for name in _imports(module)}
     return sorted(t for t in tops if t != PACKAGE and t not in sys.stdlib_module_names and t != "__future__")

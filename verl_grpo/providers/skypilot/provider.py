@@ -111,12 +111,16 @@ class SkyPilotProvider:
             raise ConfigError(f"model {model_uri!r} is on this machine, out of the eval task's reach; evaluate the "
                               f"run's model in the store ({cfg.storage.uri}/runs/<run_id>/model)")
         from verl_grpo.evaluate.vllm_runner import plan_spec, write_spec
+        from verl_grpo.trainers.verl.node_reward import node_config, node_reward
 
         _, gpus = templates.eval_accelerators(cfg)
-        spec = plan_spec(cfg, model_uri, dataset, run_id, tensor_parallel_size=gpus)
+        store = Store.from_config(cfg.storage)
 
         def render() -> templates.RenderedTask:
-            return templates.render_eval(cfg, run_id, write_spec(spec, Store.from_config(cfg.storage)), self.env)
+            # The node scores with the run's own function, fetched from the store to where its spec says it is.
+            reward = node_reward(cfg, store, templates.REMOTE_WORKDIR)
+            spec = plan_spec(node_config(cfg, reward), model_uri, dataset, run_id, tensor_parallel_size=gpus)
+            return templates.render_eval(cfg, run_id, write_spec(spec, store), self.env, reward=reward)
 
         return self._launch(cfg, templates.eval_job_name(run_id), render)
 

@@ -34,7 +34,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import repo_root
 from verl_grpo.privacy import quiet_env
 from verl_grpo.providers.skypilot.knobs import knob_task
-from verl_grpo.providers.skypilot.node_imports import needed_imports
+from verl_grpo.providers.skypilot.node_imports import file_imports, needed_imports
 from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.trainers.trl.tools import uses_search
@@ -50,6 +50,13 @@ from verl_grpo.trainers.verl.fully_async import (
     knob_defaults,
     knob_expressions,
     prompts_per_checkpoint_step,
+)
+from verl_grpo.trainers.verl.node_reward import (
+    REWARD_DIR_ENV,
+    REWARD_URI_ENV,
+    NodeReward,
+    fetch_command,
+    node_path,
 )
 from verl_grpo.trainers.verl.overrides import cluster_nodes, uses_fully_async
 from verl_grpo.trainers.verl.settings import (
@@ -100,6 +107,9 @@ EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", *CLUSTER_RUNTIME)
 TRL_VERSION = metadata.version("trl")
 """The TRL installed here, requirements.lock's: a run evaluated with the search tool parses the model's tool calls
 with TRL's `parse_response` and renders tool results with its chat templates (evaluate.tool_loop), as training did."""
+TASK_PACKAGES = {"reasoning_gym": ("reasoning-gym", "reasoning_gym")}
+"""dataset.name → (distribution, import name) its rows' scorer imports wherever they are scored: reasoning-gym's
+`score_answer` (rewards.reasoning_gym, imported lazily, so the static import check cannot see it)."""
 EVAL_SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 """The eval task only reads and writes the store; W&B and HF tokens are not passed to it."""
 
@@ -212,10 +222,25 @@ def preflight_line(cfg: RunConfig, spec: TrainSpec) -> str:
     main = spec.command[spec.command.index("-m") + 1]
     run = " ".join([*spec.command, *restore_command(spec.env), *finalize_command(cfg), *ray_head_stop_command(),
                     "python", "-m", CHECKPOINT_SYNC_MODULE])
-    packages = {main.split(".")[0], *needed_imports(run)} - {"verl_grpo"}
+    packages = {main.split(".")[0], *needed_imports(run), *scorer_imports(cfg)} - {"verl_grpo"}
     if cfg.verl.attn_implementation == "flash_attention_2":
         packages.add("flash_attn")
     return shlex.join(["python", "-m", PREFLIGHT_MODULE, *sorted(packages)])
+
+
+def scorer_imports(cfg: RunConfig) -> set[str]:
+    """What scoring on the trainer nodes imports beyond the static closure: the task's scorer package, and the
+    user's function's imports (a module's package, a file's unguarded imports) unless the reward-server scores."""
+    names = {TASK_PACKAGES[cfg.dataset.name][1]} if cfg.dataset.name in TASK_PACKAGES else set()
+    path = cfg.reward.path
+    if not path or "reward" in cfg.services.enabled:
+        return names
+    if not path.endswith(".py"):
+        return names | {path.split(".")[0]}
+    try:
+        return names | set(file_imports(Path(path))[0])
+    except (OSError, SyntaxError):  # the dry run's reward check names what is wrong with the file
+        return names
 
 
 def _bound(before: list[str], after: list[str]) -> str:
@@ -268,19 +293,42 @@ def eval_accelerators(cfg: RunConfig) -> tuple[str, int]:
     return spec, int(n)
 
 
+def locked_version(distribution: str, lock: Path | None = None) -> str:
+    """The version requirements.lock pins a distribution to (else the one installed here)."""
+    path = lock or (repo_root() or Path.cwd()) / "requirements.lock"
+    try:
+        text = path.read_text()
+    except OSError:
+        text = ""
+    found = re.search(rf"^{re.escape(distribution)}==(\S+)", text, re.MULTILINE | re.IGNORECASE)
+    return found.group(1) if found else metadata.version(distribution)
+
+
+def task_packages(cfg: RunConfig) -> tuple[str, ...]:
+    """What scoring the task's rows needs on a node besides verl_grpo's runtime: reasoning-gym (the lock's version)
+    for dataset.name=reasoning_gym, nothing for the others."""
+    if cfg.dataset.name not in TASK_PACKAGES:
+        return ()
+    distribution, _ = TASK_PACKAGES[cfg.dataset.name]
+    return (f"{distribution}=={locked_version(distribution)}",)
+
+
 def eval_packages(cfg: RunConfig) -> tuple[str, ...]:
-    """EVAL_PACKAGES, and for a run evaluated with the search tool (vllm_runner.run_spec) TRL for the tool loop plus
-    what the retrieval-server the node starts imports, or only the HTTP client for a retriever at
-    services.retrieval.url."""
+    """EVAL_PACKAGES, the task's scorer packages (task_packages), skypilot.node_packages when the run scores with its
+    own function (which may import them), and for a run evaluated with the search tool (vllm_runner.run_spec) TRL
+    for the tool loop plus what the retrieval-server the node starts imports, or only the HTTP client for a
+    retriever at services.retrieval.url."""
+    scoring = (*task_packages(cfg), *(cfg.skypilot.node_packages if cfg.reward.path else ()))
     if not uses_search(cfg):
-        return EVAL_PACKAGES
+        return (*EVAL_PACKAGES, *scoring)
     tools = ("httpx",) if cfg.services.retrieval.url else SERVICE_PACKAGES
-    return (*EVAL_PACKAGES, f"trl=={TRL_VERSION}", *tools)
+    return (*EVAL_PACKAGES, f"trl=={TRL_VERSION}", *tools, *scoring)
 
 
 def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, str],
-                workdir: str | None = None) -> RenderedTask:
-    """The SkyPilot task running `python -m verl_grpo.evaluate.vllm_runner SPEC_URI` for this run's held-out eval."""
+                workdir: str | None = None, reward: NodeReward | None = None) -> RenderedTask:
+    """The SkyPilot task running `python -m verl_grpo.evaluate.vllm_runner SPEC_URI` for this run's held-out eval;
+    `reward`: the run's own function, shipped (the node fetches it first: node_reward)."""
     sp = cfg.skypilot
     accelerators, _ = eval_accelerators(cfg)
     envs = {**quiet_env(env), ENV_RUN_ID: run_id, ENV_STORE_URI: cfg.storage.uri, VENV_ENV: REMOTE_VENV}
@@ -304,6 +352,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "secrets": [k for k in EVAL_SECRET_ENV_VARS if env.get(k)],
         "setup": venv_setup(eval_packages(cfg)),
         "eval_command": shlex.join(["python", "-m", EVAL_MODULE, spec_uri]),
+        "eval_prelude": [shlex.join(fetch)] if reward is not None and (fetch := fetch_command(reward.env())) else [],
     }
     return RenderedTask(ctx["name"], "eval", _render("eval-vllm.yaml.j2", ctx))
 
@@ -323,7 +372,9 @@ def service_task(svc: ServiceSpec, cfg: RunConfig, spec: TrainSpec) -> dict:
     node's IP, so each replica of a multi-node service serves on its own node)."""
     command = _bound(["python", "-m", svc.module, "serve"], ["--port", str(svc.port),
                                                              *service_args(svc.name, cfg, spec)])
-    return {"name": svc.task, "port": svc.port, "command": command, **service_resources(svc.name, cfg)}
+    fetch = fetch_command(spec.env) if svc.name == "reward" else None  # the reward-server runs the user's function
+    return {"name": svc.task, "port": svc.port, "command": command, "prelude": [shlex.join(fetch)] if fetch else [],
+            **service_resources(svc.name, cfg)}
 
 
 def service_export(svc: ServiceSpec, cfg: RunConfig) -> str:
@@ -339,21 +390,23 @@ def service_args(name: str, cfg: RunConfig, spec: TrainSpec) -> list[str]:
     dataset version being trained, the retrieval-server builds a missing index from the corpus in the store
     (`publish_retrieval_corpus` uploads it before launch)."""
     corpus = retrieval_corpus_uri(cfg) if name == "retrieval" else None
-    return service_settings_args(name, cfg, spec.run_id, spec.env.get(DATASET_URI_ENV), corpus)
+    return service_settings_args(name, cfg, spec.run_id, spec.env.get(DATASET_URI_ENV), corpus,
+                                 reward_path=node_path(cfg, spec.env))
 
 
 def cluster_packages(cfg: RunConfig, engine: str) -> list[str]:
     """verl with its rollout engine (which brings the matching torch) plus verl_grpo's own runtime imports;
-    the service packages when a job group runs auxiliary services; then the user's skypilot.node_packages."""
+    the service packages when a job group runs auxiliary services; the task's scorer packages (task_packages); then
+    the user's skypilot.node_packages."""
     extra = SERVICE_PACKAGES if cfg.skypilot.shape in ("job_group", "rollout_group") or cfg.services.enabled else ()
-    return [f"verl[{engine}]==0.9.1", *CLUSTER_RUNTIME, *extra, *cfg.skypilot.node_packages]
+    return [f"verl[{engine}]==0.9.1", *CLUSTER_RUNTIME, *extra, *task_packages(cfg), *cfg.skypilot.node_packages]
 
 
 def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None) -> dict:
     sp = cfg.skypilot
     if not cfg.infra.accelerators:
         raise ConfigError("infra.accelerators is not set; the skypilot provider needs e.g. infra.accelerators=H100:8")
-    mounted = {name for pair in MOUNTS for name in pair}
+    mounted = {name for pair in (*MOUNTS, (REWARD_URI_ENV, REWARD_DIR_ENV)) for name in pair}
     # The caller's telemetry settings travel with the task (verl_grpo.privacy); its secrets never do.
     envs = {**quiet_env(env), **{k: v for k, v in spec.env.items() if k not in mounted}}
     envs["VERL_GRPO_RUN_ID"] = spec.run_id
@@ -399,6 +452,9 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "knob_prelude": knobs.prelude,
         "train_command": knobs.train_command,
         "restore_command": shlex.join(restore_command(spec.env)),
+        # Every trainer node scores (verl's reward-loop workers run on all of them), unless the reward-server does.
+        "reward_fetch": shlex.join(fetch) if (fetch := fetch_command(spec.env)) and "reward" not in
+        cfg.services.enabled else None,
         "finalize_command": " ".join([shlex.join(finalize[:at]), step_prompts, *map(shlex.quote, finalize[at + 1:])]),
         "trainer_task": TRAINER_TASK,
         "ray_port": RAY_PORT,

@@ -26,6 +26,7 @@ from verl_grpo.trainers.verl.fully_async import (
     planned_checkpoint_steps,
     validate_fully_async_overrides,
 )
+from verl_grpo.trainers.verl.node_reward import UserRewardPlan, placeholder, plan_user_reward
 from verl_grpo.trainers.verl.overrides import (
     cluster_nodes,
     run_paths,
@@ -59,11 +60,15 @@ class VerlTrainer:
         to the store at plan() (False: the dry run, which names where they would go without uploading)."""
         self.last_validation: VerlValidation | None = None
         """What the latest plan() established offline (shown by the dry run)."""
+        self.last_user_reward: UserRewardPlan | None = None
+        """The latest plan()'s placement of the user's reward function (reward.path) and its sample row."""
 
     def check(self, cfg: RunConfig) -> str:
         """Compose the overrides against verl's own config and run its validation, with placeholder data paths."""
         files = {split: f"/tmp/verl-grpo/data/{split}.parquet" for split in ("train", "val")}
-        paths = replace(run_paths(cfg, "/tmp/verl-grpo/checkpoints/check"), model_path="/tmp/verl-grpo/models/check")
+        user = placeholder(cfg, "/tmp/verl-grpo/rewards/check")
+        paths = replace(run_paths(cfg, "/tmp/verl-grpo/checkpoints/check", user),
+                        model_path="/tmp/verl-grpo/models/check")
         module, overrides, validation = self._composed(cfg, files, paths, "check")
         return f"verl {module.rsplit('.', 1)[-1]}: {len(overrides)} overrides; " + "; ".join(validation.checks)
 
@@ -79,13 +84,17 @@ class VerlTrainer:
 
     def plan(self, cfg: RunConfig, dataset: DatasetVersion, store: Store, run_id: str, cluster: Cluster) -> TrainSpec:
         """Render and validate the main_ppo command (verl reads the overrides, not a spec file); the only writes
-        ship what exists only on this machine to the store: a model (once per content) and the retrieval corpus."""
+        ship what exists only on this machine to the store: a model (once per content), the retrieval corpus and
+        the user's reward file (node_reward)."""
         data_files, env = data_files_on_cluster(dataset, store, cluster)
         model_path, model_env = model_on_cluster(cfg, store, cluster, upload=self.ship_models)
         env.update(model_env)
         if self.ship_models:  # the dry run: whether the store holds the index already is not known offline
             corpus_on_cluster(cfg, store, cluster)
-        paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}"), model_path=model_path)
+        self.last_user_reward = user = plan_user_reward(cfg, dataset, store, cluster, upload=self.ship_models)
+        if user is not None:
+            env.update(user.node.env())
+        paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}", user), model_path=model_path)
         module, overrides, self.last_validation = self._composed(cfg, data_files, paths, run_id)
         env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
         quiet_wandb(env)  # verl's wandb logger runs in these processes

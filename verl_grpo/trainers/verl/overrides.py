@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verl_grpo.config import RunConfig
 from verl_grpo.data.schema import TOOL_AGENT
@@ -18,6 +20,7 @@ from verl_grpo.providers.placement import placement
 from verl_grpo.services import SERVICES
 from verl_grpo.trainers.trl.tools import rollout_tokens
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
+from verl_grpo.trainers.verl.node_reward import LOCAL_FUNCTION, REMOTE_FUNCTION, USER_ENTRY, UserRewardPlan
 from verl_grpo.trainers.verl.samples import rollout_dir
 
 REWARD_MODULE = "pkg://verl_grpo.rewards"
@@ -42,6 +45,8 @@ class VerlPaths:
     reward_name: str = REWARD_FUNCTION
     model_path: str | None = None
     """Where a model shipped through the store is mounted on the cluster (None: model.name is an HF id there)."""
+    reward_kwargs: tuple[tuple[str, Any], ...] = ()
+    """verl reward.custom_reward_function.reward_kwargs (the user's function on the nodes: node_reward)."""
 
 
 def ships_with_run(name: str) -> bool:
@@ -167,6 +172,7 @@ def verl_overrides(
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"reward.custom_reward_function.path={paths.reward_path}",
         f"reward.custom_reward_function.name={paths.reward_name}",
+        *reward_kwargs_overrides(paths.reward_kwargs),
         f"trainer.project_name={cfg.wandb_project}",
         f"trainer.experiment_name={run_id}",
         f"trainer.logger=[{','.join(trackers(env))}]",
@@ -271,8 +277,38 @@ def verl_keep(cfg: RunConfig) -> int:
     return max(cfg.storage.keep_last, 2) if cluster_nodes(cfg) > 1 else cfg.storage.keep_last
 
 
-def run_paths(cfg: RunConfig, checkpoint_dir: str) -> VerlPaths:
-    """Checkpoint dir and reward function: the reward-server's client when the job group runs one."""
-    if "reward" in cfg.services.enabled:
+def run_paths(cfg: RunConfig, checkpoint_dir: str, user: UserRewardPlan | None = None) -> VerlPaths:
+    """Checkpoint dir and reward function: the reward-server's client when the job group runs one; with the user's
+    own function (`user`, node_reward), verl_user_entry told where it is on the nodes (remotely: the reward-server
+    runs it)."""
+    remote = "reward" in cfg.services.enabled
+    if user is not None:
+        return VerlPaths(checkpoint_dir=checkpoint_dir, reward_path=USER_ENTRY,
+                         reward_name=REMOTE_FUNCTION if remote else LOCAL_FUNCTION,
+                         reward_kwargs=tuple(user.reward_kwargs().items()))
+    if remote:
         return VerlPaths(checkpoint_dir=checkpoint_dir, reward_path=REMOTE_REWARD_MODULE)
     return VerlPaths(checkpoint_dir=checkpoint_dir)
+
+
+REWARD_KWARGS = "reward.custom_reward_function.reward_kwargs"
+
+
+def reward_kwargs_overrides(kwargs: tuple[tuple[str, Any], ...]) -> list[str]:
+    """`+reward.custom_reward_function.reward_kwargs.<key>=<value>` (verl's reward config has no such key until
+    one is added): strings quoted for Hydra, lists of strings as lists."""
+    return [f"+{REWARD_KWARGS}.{key}={hydra_value(value)}" for key, value in kwargs]
+
+
+def hydra_value(value: Any) -> str:
+    """A Hydra override value: numbers as they are, a string single-quoted (quotes and the backslashes before them
+    escaped, Hydra's rule), a list of them in brackets."""
+    if isinstance(value, bool) or value is None:
+        raise ConfigError(f"reward_kwargs value {value!r} has no Hydra form here; pass a number, text or list")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", str(value))
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
+    return f"'{text}'"
