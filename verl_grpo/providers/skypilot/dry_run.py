@@ -51,7 +51,7 @@ from verl_grpo.providers.skypilot.cost import (
 )
 from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
-from verl_grpo.providers.skypilot.reward_check import check_user_reward
+from verl_grpo.providers.skypilot.reward_check import check_task_scorer, check_user_reward
 from verl_grpo.store import Store
 from verl_grpo.store_layout import dataset_dir, eval_spec
 from verl_grpo.trainers.verl.backend import VerlTrainer
@@ -139,6 +139,8 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     checks.run(check_node_imports, report.yamls)
     if report.user_reward is not None:
         checks.run(check_user_reward, report.yamls, report.user_reward)
+    elif cfg.dataset.name in templates.TASK_PACKAGES:
+        checks.run(check_task_scorer, cfg, report.yamls)
     if cfg.infra.accelerators:
         checks.run(check_gpu_memory, cfg)
     checks.run(check_attention, cfg)

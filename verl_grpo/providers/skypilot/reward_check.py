@@ -6,7 +6,8 @@ set, scoring one sample row of the train split there. "The nodes' package set" i
 installs (`node_imports.setup_requirements` / `provided_imports`) plus the stdlib: the probe (`_reward_probe.py`) runs
 the function in a subprocess of this venv whose imports of any other top-level module are refused, as on a node
 without it. A package the nodes lack, a module beside the file (only the file travels) or a call that fails on the
-sample row each fail the dry run in one line naming the package or the error, the file and the fix.
+sample row each fail the dry run in one line naming the package or the error, the file and the fix. A task whose
+own scorer needs a package (reasoning-gym) is checked to have it wherever its rows are scored.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from pathlib import Path
 
 import yaml
 
+from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot.node_imports import file_imports, provided_imports, setup_requirements
+from verl_grpo.providers.skypilot.templates import TASK_PACKAGES, task_packages
 from verl_grpo.rewards.user_reward import LOAD_TIMEOUT_S, WORKER_SCRIPT, normalise
 from verl_grpo.trainers.verl.node_reward import FETCH_MODULE, REMOTE_FUNCTION, UserRewardPlan
+from verl_grpo.trainers.verl.overrides import REMOTE_REWARD_MODULE
 
 PROBE_SCRIPT = Path(__file__).with_name("_reward_probe.py")
 SHOWN_CHARS = 120
@@ -42,22 +46,36 @@ class ScoringTask:
 
 
 def scoring_tasks(yamls: Mapping[str, str]) -> list[ScoringTask]:
-    """The rendered tasks that run the user's function: the trainer (verl's reward loop, verl_user_entry with the
-    function's node path), a reward-server serving it (`--reward-path`), the vLLM eval."""
+    """The rendered tasks that score rows: the trainer (verl's reward loop, unless it asks the reward-server), a
+    job group's reward-server, the vLLM eval."""
     out = []
     for name, text in yamls.items():
         for task in yaml.safe_load_all(text):
             if not isinstance(task, dict) or not task.get("run"):
                 continue
             run = task["run"]
-            local = "reward_kwargs.user_path" in run and REMOTE_FUNCTION not in run  # else the reward-server runs it
-            role = ("verl's reward loop" if local else
-                    "the reward-server" if "--reward-path" in run else
+            remote = REMOTE_FUNCTION in run or REMOTE_REWARD_MODULE in run
+            role = ("verl's reward loop" if "reward.custom_reward_function.path=" in run and not remote else
+                    "the reward-server" if "verl_grpo.services.reward_server" in run else
                     "the vLLM eval" if "verl_grpo.evaluate.vllm_runner" in run else None)
             if role:
                 provided = provided_imports(setup_requirements(task.get("setup") or ""))
                 out.append(ScoringTask(task.get("name") or name, role, frozenset(provided)))
     return out
+
+
+def check_task_scorer(cfg: RunConfig, yamls: Mapping[str, str]) -> str:
+    """A task whose scorer needs a package (TASK_PACKAGES: reasoning-gym's score_answer, imported lazily, so the
+    static import check cannot see it) has it installed by every task that scores its rows."""
+    distribution, module = TASK_PACKAGES[cfg.dataset.name]
+    tasks = scoring_tasks(yamls)
+    lacking = [t.label for t in tasks if module not in t.provided]
+    if lacking:
+        raise ConfigError(f"dataset.name={cfg.dataset.name} rows are scored with {distribution}, which the setup of "
+                          f"{', '.join(lacking)} does not install (fix task_packages in verl_grpo/providers/skypilot/"
+                          "templates.py)")
+    return (f"{cfg.dataset.name}: every task that scores its rows installs {', '.join(task_packages(cfg))} "
+            f"({', '.join(f'{t.label}: {t.role}' for t in tasks)})")
 
 
 def check_user_reward(yamls: Mapping[str, str], plan: UserRewardPlan | None) -> list[str]:
