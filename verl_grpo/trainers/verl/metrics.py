@@ -12,6 +12,7 @@ from typing import Any
 
 from verl_grpo.trainers.run_summary import SummaryNames
 from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD
+from verl_grpo.trainers.verl import reward_metrics
 from verl_grpo.trainers.verl.settings import StoreSettings
 
 
@@ -37,12 +38,17 @@ def merged_metrics(settings: StoreSettings, upto_step: int | None = None) -> lis
     """History (earlier processes) + this process's verl log, one record per step (later wins), in step order.
 
     verl logs step 0's initial validation and each step's line after that step's save, so a checkpoint of
-    step N carries lines up to N-1 (step N's own line reaches the store with the next save or at the end).
+    step N carries lines up to N-1 (step N's own line reaches the store with the next save or at the end). Each
+    step's reward metrics from its rollout dump (component means, failed calls: reward_metrics) join its line.
     """
     by_step: dict[int, dict[str, Any]] = {}
     for record in read_records(settings.history_path) + read_records(settings.verl_metrics_path):
         if upto_step is None or record["step"] <= upto_step:
             by_step.setdefault(record["step"], {}).update(record)
+    # Dumps of steps before upto_step are whole (verl writes step N's after saving it); at the end all are.
+    for step, record in reward_metrics.record(settings.metrics_dir, settings.rollout_dir, upto_step).items():
+        if step in by_step and (upto_step is None or step <= upto_step):
+            by_step[step].update(record)
     return [{**by_step[s], **common_figures(by_step[s])} for s in sorted(by_step)]
 
 

@@ -188,7 +188,8 @@ def verl_overrides(
     ]
     if a.total_epochs is not None:
         out.append(f"trainer.total_epochs={a.total_epochs}")
-    if cfg.trainer.log_samples_every:  # verl dumps every rollout of each step; verl.samples keeps a few
+    # verl dumps every rollout of each step: verl.samples keeps a few, reward_metrics reads the step's reward parts.
+    if cfg.trainer.log_samples_every or cfg.reward.path:
         out.append(f"trainer.rollout_data_dir={rollout_dir(paths.checkpoint_dir)}")
     out += _strategy_overrides(cfg) + attention_overrides(cfg)
     if "retrieval" in cfg.services.enabled:

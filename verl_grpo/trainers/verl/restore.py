@@ -24,6 +24,7 @@ from verl_grpo.store_layout import METRICS_FILE, SAMPLES_FILE
 from verl_grpo.trainers import local_checkpoints
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.exits import run_entry
+from verl_grpo.trainers.verl import reward_metrics
 from verl_grpo.trainers.verl.metrics import read_records
 from verl_grpo.trainers.verl.samples import dump_steps
 from verl_grpo.trainers.verl.settings import STAGING_DIR, TRACKER_FILE, StoreSettings, write_tracker
@@ -59,6 +60,7 @@ def restore_latest(settings: StoreSettings, checkpoints: CheckpointStore | None 
     for step, dump in dump_steps(settings.rollout_dir).items():  # rollouts of steps the restored run has not done
         if restored is None or step > restored[0].step:
             dump.unlink()
+    reward_metrics.keep_upto(settings.metrics_dir, restored[0].step if restored else None)
     if restored is None:
         write_jsonl_atomic(settings.history_path, [])
         write_jsonl_atomic(settings.samples_history_path, [])

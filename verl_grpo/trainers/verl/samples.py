@@ -95,14 +95,12 @@ def merged_samples(history: Path, dumps: Path, plan: SamplesPlan | None, upto_st
 
 
 def trim_dumps(dumps: Path, plan: SamplesPlan | None, before_step: int) -> None:
-    """Keep of each dump before before_step only what samples.jsonl reads; verl's writer thread may still be on
-    the current step's, which stays whole."""
-    if plan is None:
-        return
+    """Keep of each dump before before_step only what samples.jsonl reads (nothing without a plan: the dumps were
+    only read for reward metrics); verl's writer thread may still be on the current step's, which stays whole."""
     for step, path in dump_steps(dumps).items():
         if step >= before_step:
             continue
-        if not sampled_step(step, plan.every):
+        if plan is None or not sampled_step(step, plan.every):
             path.unlink(missing_ok=True)
             continue
         with open(path) as f:
