@@ -232,13 +232,14 @@ def components_of(result: Mapping[str, Any]) -> tuple[str, ...]:
 
 def first_rows(cfg: RunConfig) -> int:
     """Rows one reward-loop worker scores in the first step: the step's responses over verl's reward.num_workers
-    (an `reward.num_workers=N` extra override counts)."""
+    (an `reward.num_workers=N` extra override counts), and at least one prompt's group, so that one bad row scored
+    first cannot stop a run."""
     workers = VERL_REWARD_WORKERS
     for override in cfg.verl.extra_overrides:
         key, _, value = override.lstrip("+").partition("=")
         if key == "reward.num_workers" and value.strip().isdigit() and int(value) > 0:
             workers = int(value)
-    return max(1, math.ceil(cfg.algorithm.train_batch_size * cfg.algorithm.rollouts / workers))
+    return max(cfg.algorithm.rollouts, math.ceil(cfg.algorithm.train_batch_size * cfg.algorithm.rollouts / workers))
 
 
 @dataclass(frozen=True)
