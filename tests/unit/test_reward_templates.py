@@ -156,6 +156,13 @@ def test_the_probe_scores_the_sample_row_in_the_nodes_package_set(tmp_path):
     guarded = probe_plan(tmp_path, "    try:\n        import yaml\n    except ImportError:\n        pass\n"
                                    "    return 0.5\n")
     assert "'score': 0.5" in reward_check.probe_line(guarded, nodes)  # an optional import the node lacks is fine
+    (tmp_path / "local_helpers.py").write_text("X = 1\n")
+    with pytest.raises(ConfigError, match="imports local_helpers from beside it, which does not travel"):
+        reward_check.probe_line(probe_plan(tmp_path, "    import local_helpers\n    return 1.0\n"), nodes)
+    probed = reward_check.probe(probe_plan(tmp_path, "    import importlib.util\n"
+                                                     "    return float(importlib.util.find_spec('yaml') is None)\n"),
+                                {"numpy"})
+    assert probed == {"result": 1.0}  # as on a node without it: find_spec says None, it does not raise
     with pytest.raises(ConfigError, match=r"failed on a sample row .* ZeroDivisionError"):
         reward_check.probe_line(probe_plan(tmp_path, "    return 1 / 0\n"), nodes)
     with pytest.raises(ConfigError, match="returned a dict without 'score'"):

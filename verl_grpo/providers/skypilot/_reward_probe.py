@@ -3,9 +3,9 @@
 `python _reward_probe.py REQUEST.json` reads {"allowed": [top-level import names], "path", "name", "worker": the
 path of rewards/_user_reward_worker.py, "row": [data_source, solution_str, ground_truth, extra_info]} and prints one
 JSON object: {"result": ...} or {"error": "Type: message (at file:line)", "missing": the refused module the failure
-is about (or null), "refused": [names]}. A meta-path finder
-refuses every top-level module outside `allowed`, the stdlib and what the interpreter had loaded before the user's
-code ran, as a node without that package would (`ModuleNotFoundError`); `refused` lists what was asked for.
+is about (or null), "refused": [names]}. The import system finds no top-level module outside `allowed`, the stdlib
+and what the interpreter had loaded before the user's code ran, as on a node without that package (`find_spec` is
+None, `import` raises ModuleNotFoundError); `refused` lists what was asked for.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import sysconfig
 
 
 class NodePackages:
-    """A meta-path finder that raises ModuleNotFoundError for a top-level module the nodes do not have."""
+    """sys.meta_path's finders behind one that finds no top-level module the nodes do not have: for those,
+    `importlib.util.find_spec` gives None and `import` raises ModuleNotFoundError, as on such a node."""
 
-    def __init__(self, allowed: set[str]):
+    def __init__(self, allowed: set[str], finders: list):
         self.allowed = (allowed | set(sys.stdlib_module_names) | set(sys.builtin_module_names)
                         | {m.partition(".")[0] for m in sys.modules})
+        self.finders = finders
         self.refused: list[str] = []
         self.stdlib_dirs = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
                                   for k in ("stdlib", "platstdlib")})
@@ -36,11 +38,23 @@ class NodePackages:
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
-        if top in self.allowed or (name == top and self.in_stdlib(name)):
+        if top not in self.allowed and not (name == top and self.in_stdlib(name)):
+            if top not in self.refused:
+                self.refused.append(top)
             return None
-        if top not in self.refused:
-            self.refused.append(top)
-        raise ModuleNotFoundError(f"No module named {top!r} on the nodes", name=top)
+        for finder in self.finders:
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                return spec
+        return None
+
+    def invalidate_caches(self) -> None:
+        for finder in self.finders:
+            if hasattr(finder, "invalidate_caches"):
+                finder.invalidate_caches()
+
+    def install(self) -> None:
+        sys.meta_path[:] = [self]
 
 
 def plain(value):
@@ -65,8 +79,8 @@ def main() -> int:
     spec = importlib.util.spec_from_file_location("verl_grpo_reward_worker", request["worker"])
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
-    guard = NodePackages(set(request["allowed"]))
-    sys.meta_path.insert(0, guard)
+    guard = NodePackages(set(request["allowed"]), list(sys.meta_path))
+    guard.install()
     stdout, sys.stdout = sys.stdout, sys.stderr  # what the user's code prints is not the answer
     data_source, solution_str, ground_truth, extra_info = request["row"]
     try:

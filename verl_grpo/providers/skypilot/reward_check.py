@@ -110,6 +110,11 @@ def shipping_line(plan: UserRewardPlan, tasks: list[ScoringTask], yamls: Mapping
             f"on the nodes of {where}; each fetches it (sha256-checked) before it scores")
 
 
+def beside(source: Path, module: str) -> bool:
+    """Whether `module` is a file or package next to the reward file (importable here, never on a node)."""
+    return (source.parent / f"{module}.py").is_file() or (source.parent / module).is_dir()
+
+
 def static_imports_line(source: Path, tasks: list[ScoringTask]) -> str:
     """The file's own top-level imports outside the stdlib, each against every scoring task's setup; a module beside
     the file (which does not travel) or a package a task lacks fails in one line."""
@@ -119,9 +124,9 @@ def static_imports_line(source: Path, tasks: list[ScoringTask]) -> str:
     except (OSError, SyntaxError) as e:
         raise ConfigError(f"reward.path {source} cannot be read as Python ({type(e).__name__}: {e}); fix the "
                           "file") from None
-    beside = [n for n in on_import if (source.parent / f"{n}.py").is_file() or (source.parent / n).is_dir()]
-    if beside:
-        raise ConfigError(f"reward.path {source} imports {', '.join(beside)} from beside it, which does not travel "
+    siblings = [n for n in on_import if beside(source, n)]
+    if siblings:
+        raise ConfigError(f"reward.path {source} imports {', '.join(siblings)} from beside it, which does not travel "
                           "to the nodes (only the file ships); copy what it needs into the file, or install it "
                           "with skypilot.node_packages and give reward.path as that module")
     for name in on_import:
@@ -166,6 +171,10 @@ def probe_line(plan: UserRewardPlan, tasks: list[ScoringTask]) -> str:
     answer = probe(plan, allowed)
     label = f"{plan.node.name} in {plan.node.source} (reward.path)"
     if missing := answer.get("missing"):
+        if plan.node.source.endswith(".py") and beside(Path(plan.node.source), missing):
+            raise ConfigError(f"reward function {label} imports {missing} from beside it, which does not travel to "
+                              "the nodes (only the file ships); copy what it needs into the file, or install it with "
+                              "skypilot.node_packages and give reward.path as that module")
         lacking = ", ".join(t.label for t in tasks if missing not in t.provided)
         raise ConfigError(f"reward function {label} imports {missing}, which the nodes of {lacking} do not install "
                           f"(the dry run imported it in their package set); {FIX.format(missing)}")
