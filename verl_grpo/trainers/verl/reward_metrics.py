@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verl_grpo.rewards.user_reward import FAILED, FAILED_METRIC, step_metrics
+from verl_grpo.rewards.user_reward import FAILED, step_metrics
 from verl_grpo.trainers.atomic_files import write_jsonl_atomic
 from verl_grpo.trainers.verl.samples import DUMP_FIELDS, dump_steps
 from verl_grpo.trainers.worker.metrics import read_metrics
@@ -35,10 +35,7 @@ def dump_metrics(path: Path) -> dict[str, float]:
                 break
     if not rows:
         return {}
-    metrics = step_metrics(rows)
-    if not any(FAILED in row for row in rows):
-        metrics.pop(FAILED_METRIC, None)
-    return metrics
+    return step_metrics(rows, count_failures=any(FAILED in row for row in rows))
 
 
 def metrics_path(metrics_dir: Path) -> Path:
