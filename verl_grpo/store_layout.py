@@ -52,6 +52,12 @@ def published_model_dir(name: str, digest: str) -> str:
     return f"models/{name}/{digest}"
 
 
+def shipped_reward_dir(digest: str) -> str:
+    """A run's own reward file (reward.path), shipped to the nodes that score through the store; content-addressed
+    (`rewards/<sha256[:16]>/<file>`). The nodes fetch it to the same relative folder under their workdir."""
+    return f"rewards/{digest}"
+
+
 def dataset_versions(name: str) -> str:
     """The directory holding every prepared version (one per content hash) of a dataset."""
     return f"{DATASETS}/{name}"

@@ -575,8 +575,10 @@ class SkyPilotConfig(_Section):
     recovery_strategy: str = "EAGER_NEXT_REGION"
     """Managed-job recovery strategy after a preemption (SkyPilot: EAGER_NEXT_REGION or FAILOVER)."""
     node_packages: list[str] = Field(default_factory=list)
-    """Extra pip requirements installed on every training node after verl and verl_grpo's runtime, e.g.
-    `flash-attn @ <wheel URL built for the nodes' torch>` with verl.attn_implementation=flash_attention_2."""
+    """Extra pip requirements installed on every node that trains or scores (training nodes, a job group's
+    reward-server, and the eval task of a run with reward.path) after verl and verl_grpo's runtime, e.g. `flash-attn @
+    <wheel URL built for the nodes' torch>` with verl.attn_implementation=flash_attention_2, or what your reward
+    function imports."""
     max_restarts_on_errors: int = Field(3, ge=0)
     """Restarts of a managed job whose user code failed (preemptions are recovered regardless)."""
     termination_delay: str = "60s"

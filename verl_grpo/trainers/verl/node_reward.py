@@ -36,9 +36,8 @@ from verl_grpo.formats import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 from verl_grpo.local_paths import repo_root
 from verl_grpo.rewards.user_reward import RESERVED, UserReward
 from verl_grpo.store import Store
+from verl_grpo.store_layout import shipped_reward_dir
 
-SHIPPED_DIR = "rewards"
-"""Store folder of shipped reward files (`rewards/<digest>/<name>`), and the nodes' folder under their workdir."""
 REWARD_URI_ENV = "VERL_GRPO_REWARD_URI"
 REWARD_DIR_ENV = "VERL_GRPO_REWARD_DIR"
 """TrainSpec env: the shipped file's store folder and where the nodes fetch it to (the templates render the fetch)."""
@@ -52,11 +51,6 @@ DIGEST_CHARS = 16
 
 def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:DIGEST_CHARS]
-
-
-def shipped_dir(digest: str) -> str:
-    """The store folder (and the nodes' folder under their workdir) of a shipped reward file."""
-    return f"{SHIPPED_DIR}/{digest}"
 
 
 @dataclass(frozen=True)
@@ -119,7 +113,7 @@ def node_reward(cfg: RunConfig, store: Store, workdir: str, on_this_machine: boo
     source = Path(reward.path)
     if not source.is_file():
         raise ConfigError(f"reward.path {reward.path} is not a file on this machine; give the path of your reward .py")
-    rel = shipped_dir(file_digest(source))
+    rel = shipped_reward_dir(file_digest(source))
     if upload and not store.exists(rel, source.name):
         store.put_file(source, rel, source.name)
     node_dir = f"{workdir}/{rel}"
