@@ -87,7 +87,8 @@ GT = json.dumps({"answer": "28", "metadata": {"source_dataset": "chain_sum"}})
     ("The answer is 28.", 1.0, 0.0),
     ("<answer>27</answer>", 0.0, 1.0),
     ("<answer>28</answer> or <answer>27</answer>", 0.0, 0.0),  # two different answers: never rewarded
-    ("69 - 41 = 28", 0.0, 0.0),                    # a final line of three numbers states none (GSM8K's rule)
+    ("69 - 41 = 28", 1.0, 0.0),                    # a final line ending an equation states its result
+    ("69 - 41 = 27 + 1", 0.0, 0.0),                # ... an expression states none
 ])
 def test_chain_sum_is_scored_by_its_score_answer_under_the_shared_answer_rules(response, correct, block):
     result = compute_score("reasoning_gym/chain_sum", response, GT)

@@ -32,6 +32,8 @@ def fmt(answer: str, thinking: str = "Add them up.") -> str:
         ("so the total is \\boxed{7}", "7"),
         ("The answer is 42.", "42"),
         ("I had 3 apples and 5 pears.\n8", "8"),
+        ("Adding them up:\n49 - 10 = 39", "39"),  # a final line ending an equation states its result
+        ("3 + 5 = 8 apples", "8"),
         (fmt("1,000") + "\n#### 1000.0", "1000"),  # one answer stated twice
         ("#### 18\nThe answer is \\boxed{18.00}.\n18", "18"),
         (fmt("18", thinking="The answer is 12? No: 3 * 6 = 18."), "18"),  # a candidate rejected in the reasoning
@@ -52,6 +54,7 @@ def test_correct_answers(response, truth):
         (fmt("17"), "18"),
         (fmt("18.5"), "18"),
         ("I had 3 apples and 5 pears and 18 plums in total", "18"),  # never "the last number anywhere"
+        ("49 - 10 = 18 + 21", "39"),  # an equation that ends in an expression states no single value
         ("<think>x</think><answer>12</answer><answer>18</answer>", "18"),  # two different final answers
         (fmt("18") + "\nThe answer is 12", "18"),
         (fmt("18") + "\n#### 12", "18"),

@@ -1,10 +1,11 @@
 """GSM8K: numeric final answers, compared exactly as rationals (2.50 == 2.5, 3/4 == 0.75, 1,000 == 1000).
 
 The final answer is stated by the answer blocks, `#### n` lines, `\\boxed{}`, "the answer is n" phrases and a
-final line holding exactly one number (see rewards.answers); every statement must give the same value (1,000,
-1000 and 1000.0 are the same), so a response stating two different answers is incorrect, whatever their formats
-and order. Never "the last number anywhere". A statement of several different numbers ("12 or 18") has no
-single value and makes the response incorrect too; a "the answer is" phrase without any number states nothing.
+final line holding exactly one number or ending an equation with one (`49 - 10 = 39`; see rewards.answers); every
+statement must give the same value (1,000, 1000 and 1000.0 are the same), so a response stating two different
+answers is incorrect, whatever their formats and order. Never "the last number anywhere". A statement of several
+different numbers ("12 or 18") has no single value and makes the response incorrect too; a "the answer is" phrase
+without any number states nothing.
 """
 
 from __future__ import annotations
@@ -101,10 +102,18 @@ def _values_in(text: str) -> list[Fraction | None]:
     values = [single_value(t) for t in explicit]
     values += [single_value(t) for t in answer_is_phrases(text) if numbers_in(t)]
     line = final_line(text)
-    last = numbers_in(line) if line is not None else []
-    if len(last) == 1:
-        values.append(last[0])
+    if line is not None and (value := _final_line_value(line)) is not None:
+        values.append(value)
     return values
+
+
+def _final_line_value(line: str) -> Fraction | None:
+    """A final line states an answer when it holds one number, or ends an equation with one (`49 - 10 = 39`)."""
+    numbers = numbers_in(line)
+    if len(numbers) == 1:
+        return numbers[0]
+    after = numbers_in(line.rsplit("=", 1)[1]) if len(numbers) > 1 and "=" in line else []
+    return after[0] if len(after) == 1 else None
 
 
 def parse_ground_truth(ground_truth: object) -> Fraction:
