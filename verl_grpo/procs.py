@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 
@@ -75,3 +76,16 @@ def stop_process_group(pid: int, grace_s: float, is_running: Callable[[int], boo
                        poll_s: float = 0.1) -> bool:
     """`stop_process_groups` for one group; True when it had to be SIGKILLed."""
     return bool(stop_process_groups([pid], grace_s, is_running, poll_s))
+
+
+def kill_piped_worker(proc: subprocess.Popen) -> None:
+    """SIGKILL a worker started in its own session with stdin/stdout pipes, reap it and close its pipes (a worker
+    past its deadline: what it was doing is abandoned)."""
+    signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass

@@ -14,7 +14,6 @@ import os
 import queue
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_grpo.errors import InfraError
+from verl_grpo.procs import kill_piped_worker
 
 WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
 DEFAULT_TIMEOUT_S = 5.0
@@ -105,16 +105,7 @@ class _Worker:
         return line
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        kill_piped_worker(self.proc)
 
 
 class ExecutionPool:

@@ -18,7 +18,6 @@ import math
 import os
 import pickle
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.errors import ConfigError
+from verl_grpo.procs import kill_piped_worker
 
 log = logging.getLogger(__name__)
 
@@ -254,16 +254,7 @@ class _Worker:
             self._buf += chunk
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        kill_piped_worker(self.proc)
 
 
 class _Pool:
