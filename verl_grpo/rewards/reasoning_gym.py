@@ -25,16 +25,13 @@ from verl_grpo.rewards.common import (
     check_weights,
     no_trailing_score,
     parse_response,
-    thinking_score,
     weighted_total,
 )
 
 WEIGHTS: dict[str, float] = {
-    "correctness": 0.6,
-    "strict_format": 0.15,
-    "thinking": 0.1,
-    "answer_block": 0.1,
-    "no_trailing": 0.05,
+    "correctness": 0.7,
+    "answer_block": 0.2,
+    "no_trailing": 0.1,
 }
 check_weights(WEIGHTS, "reasoning_gym")
 
@@ -98,8 +95,6 @@ def compute_score(solution_str: str, ground_truth: Any) -> dict:
     correctness = min(1.0, max(0.0, judged))
     components = {
         "correctness": correctness,
-        "strict_format": 1.0 if r.layout_ok else 0.0,
-        "thinking": thinking_score(r),
         "answer_block": answer_block_score(r),
         "no_trailing": no_trailing_score(r),
     }
