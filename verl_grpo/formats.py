@@ -24,8 +24,7 @@ SYSTEM_PROMPTS: dict[str, str] = {
         "from the passage, inside <answer> </answer>, and write nothing after it."
     ),
     "custom": _MATH_SYSTEM.format(answer_hint=""),
-    "reasoning_gym": "Give only the final answer inside <answer> </answer>, for example <answer>7</answer>, and write "
-                     "nothing after it.",
+    "reasoning_gym": _MATH_SYSTEM.format(answer_hint=""),
     "nq_hotpotqa": (
         "You answer open-domain questions with facts from Wikipedia. Call the search tool to look up passages when "
         "you need them. First reason briefly inside <think> </think>. Then give only the short answer, a few words, "

@@ -5,7 +5,8 @@ The final answer is read as for the other tasks (rewards.answers): a numeric ora
 arithmetic, gsm_symbolic, ...) as GSM8K's, every statement (answer blocks, `####`, `\\boxed{}`, "the answer is",
 a final line with one number) giving the same value; any other answer from the answer blocks (all the same text),
 else the "the answer is" phrase, else the final line. `score_answer(answer, entry)` of the row's generator judges
-it (1.0 right; some generators give partial credit); `acc` is 1 only for full credit.
+it (1.0 right; some generators give partial credit); `acc` is 1 only for full credit. The format components and
+their weights are GSM8K's.
 
 The ground truth is the generator's entry as JSON, `{"answer", "metadata"}` (verl_grpo.data.reasoning_gym).
 """
@@ -22,18 +23,14 @@ from verl_grpo.rewards import gsm8k
 from verl_grpo.rewards.answers import answer_blocks, answer_is_phrases, answer_regions, final_line
 from verl_grpo.rewards.common import (
     answer_block_score,
-    check_weights,
     no_trailing_score,
     parse_response,
+    thinking_score,
     weighted_total,
 )
 
-WEIGHTS: dict[str, float] = {
-    "correctness": 0.7,
-    "answer_block": 0.2,
-    "no_trailing": 0.1,
-}
-check_weights(WEIGHTS, "reasoning_gym")
+WEIGHTS: dict[str, float] = dict(gsm8k.WEIGHTS)
+"""GSM8K's table: the same response layout (reasoning, then one answer block, nothing after it) scored the same way."""
 
 _NUMERIC = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -55,11 +52,11 @@ def parse_entry(ground_truth: Any) -> dict[str, Any]:
 @cache
 def score_answer_of(generator: str):
     """The generator's `score_answer` (made once per process: some generators load word lists)."""
-    from reasoning_gym.factory import get_score_answer_fn
-
     from verl_grpo.data.reasoning_gym import library
 
-    library()
+    library()  # first: its import keeps the library's compile warnings quiet
+    from reasoning_gym.factory import get_score_answer_fn
+
     try:
         return get_score_answer_fn(generator)
     except ValueError:
@@ -95,6 +92,8 @@ def compute_score(solution_str: str, ground_truth: Any) -> dict:
     correctness = min(1.0, max(0.0, judged))
     components = {
         "correctness": correctness,
+        "strict_format": 1.0 if r.layout_ok else 0.0,
+        "thinking": thinking_score(r),
         "answer_block": answer_block_score(r),
         "no_trailing": no_trailing_score(r),
     }
