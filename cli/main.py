@@ -143,7 +143,8 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 
 @main.command()
 @_config_options
-@click.option("--dataset", default=None, help="Shortcut for -o dataset.name=NAME (gsm8k, math, mbpp).")
+@click.option("--dataset", default=None, help="Shortcut for -c NAME -o dataset.name=NAME (gsm8k, math, mbpp, squad, "
+              "reasoning_gym); your own task is named by its config (-c FILE).")
 @_user_errors
 def prepare(configs: tuple[str, ...], overrides: tuple[str, ...], dataset: str | None) -> None:
     """Prepare verl-format parquet in the store and print its manifest."""

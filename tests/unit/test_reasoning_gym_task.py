@@ -47,7 +47,9 @@ def test_rows_are_the_generators_entries_and_a_held_out_row_never_asks_a_train_q
     test_questions = [r["prompt"][-1]["content"] for r in out.splits["test"]]
     assert not train_questions & set(test_questions)
     in_train = [r for r in out.rejected if r["reason"] == "in_train"]
-    assert in_train and len(in_train) + len(test_questions) == 200 and {r["split"] for r in in_train} == {"test"}
+    repeated = [r for r in out.rejected if r["reason"] == "duplicate_question"]
+    assert in_train and len(in_train) + len(repeated) + len(test_questions) == 200
+    assert {r["split"] for r in in_train + repeated} == {"test"} and len(set(test_questions)) == len(test_questions)
     row = out.splits["test"][0]
     entry = json.loads(row["reward_model"]["ground_truth"])
     assert row["data_source"] == "reasoning_gym/chain_sum" and entry["metadata"]["source_dataset"] == "chain_sum"

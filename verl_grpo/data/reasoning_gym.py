@@ -3,7 +3,8 @@
 One generator is reasoning-gym's dataset of that name; several are its `composite` dataset, which draws each row's
 generator by weight. Train rows come from `dataset.reasoning_gym.seed`, held-out rows from `test_seed`, a seed range
 disjoint from the train rows' (reasoning-gym seeds row i with seed + i); a held-out row whose question also occurs in
-train is quarantined (`in_train`), so the held-out split never asks a trained question.
+train is quarantined (`in_train`), as is one repeating an earlier held-out question (`duplicate_question`), so the
+held-out split is distinct problems none of which is trained on.
 
 A row's ground truth is the library's entry, `{"answer", "metadata"}` as JSON: what its `score_answer` reads
 (verl_grpo.rewards.reasoning_gym). Its data_source is `reasoning_gym/<generator>`.
@@ -118,20 +119,33 @@ def load_source(dcfg: DatasetConfig, endpoint_url: str | None = None) -> RawSour
 
 
 def _without_train_questions(records: list[RawRecord]) -> list[RawRecord]:
-    """Held-out rows asking a train question are marked, to be quarantined as `in_train` by to_problem."""
+    """Held-out rows asking a train question, or a question an earlier held-out row asks, are marked, to be
+    quarantined by to_problem (`in_train`, `duplicate_question`): the held-out split is distinct unseen problems."""
     train = {r.data["question"] for r in records if r.split == "train"}
-    return [RawRecord(r.split, r.position, r.uid, r.raw, {**r.data, IN_TRAIN: True})
-            if r.split == "test" and r.data["question"] in train else r for r in records]
+    held_out: set[str] = set()
+    out = []
+    for r in records:
+        if r.split == "test":
+            question = r.data["question"]
+            reason = Reason.IN_TRAIN if question in train else Reason.DUPLICATE_QUESTION if question in held_out \
+                else None
+            held_out.add(question)
+            if reason is not None:
+                r = RawRecord(r.split, r.position, r.uid, r.raw, {**r.data, SEEN: str(reason)})
+        out.append(r)
+    return out
 
 
-IN_TRAIN = "_in_train"
-"""Marks (in the parsed row, not its raw text) a held-out row whose question a train row asks."""
+SEEN = "_seen"
+"""Marks (in the parsed row, not its raw text) a held-out row whose question was asked before, with the reason."""
 
 
 def to_problem(record: RawRecord) -> Problem:
     data = require_object(record)
-    if data.get(IN_TRAIN):
+    if data.get(SEEN) == Reason.IN_TRAIN:
         raise RowRejected(Reason.IN_TRAIN, "a train row asks the same question; the held-out split never does")
+    if data.get(SEEN) == Reason.DUPLICATE_QUESTION:
+        raise RowRejected(Reason.DUPLICATE_QUESTION, "an earlier held-out row asks the same question")
     question = non_empty_str(data, "question", Reason.MISSING_QUESTION)
     answer = data.get("answer")
     if answer is None or not str(answer).strip():

@@ -46,6 +46,8 @@ class Reason(StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"
     IN_TRAIN = "in_train"
     """A generated held-out row asking a question a train row asks (reasoning_gym)."""
+    DUPLICATE_QUESTION = "duplicate_question"
+    """A generated held-out row asking the question of an earlier held-out row (reasoning_gym)."""
 
 
 class RowRejected(Exception):
