@@ -23,8 +23,6 @@ SYSTEM_PROMPTS: dict[str, str] = {
         "them. First reason briefly inside <think> </think>. Then give only the short answer, a few words taken "
         "from the passage, inside <answer> </answer>, and write nothing after it."
     ),
-    "custom": _MATH_SYSTEM.format(answer_hint=""),
-    "reasoning_gym": _MATH_SYSTEM.format(answer_hint=""),
     "nq_hotpotqa": (
         "You answer open-domain questions with facts from Wikipedia. Call the search tool to look up passages when "
         "you need them. First reason briefly inside <think> </think>. Then give only the short answer, a few words, "
@@ -33,5 +31,11 @@ SYSTEM_PROMPTS: dict[str, str] = {
 }
 
 
+OWN_TASK_SYSTEM_PROMPT = _MATH_SYSTEM.format(answer_hint="")
+"""The default prompt of a task of your own (`custom`) and of reasoning-gym's: the shared layout, no answer hint. Kept
+out of SYSTEM_PROMPTS, the shipped datasets' prompts that the tiny model's tokenizer is trained on: its words are all
+in GSM8K's, and the tiny model stays the one the tests were tuned on."""
+
+
 def default_system_prompt(dataset: str) -> str:
-    return SYSTEM_PROMPTS[dataset]
+    return SYSTEM_PROMPTS[dataset] if dataset in SYSTEM_PROMPTS else OWN_TASK_SYSTEM_PROMPT
