@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 run: install
-	$(VENV)/bin/verl-grpo run -c gsm8k -c local $(RUN_ARGS)
+	$(VENV)/bin/verl-grpo run -c reasoning_gym -c local $(RUN_ARGS)
 
 # The lint gate (ruff: pyflakes, sorted imports, 120-column product code; [tool.ruff] in pyproject.toml) runs before
 # either suite; `ruff check --fix .` mends what it can.

@@ -34,6 +34,9 @@ CPU_RUN = {
     "services.retrieval.default_top_k": 1, "services.retrieval.max_tool_turns": 1,
     "services.retrieval.max_result_chars": 1200,
 }
+LOCAL_RG_PROMPT = ("First reason inside <think> </think>, then give only the final answer inside <answer> </answer>. "
+                   "Example:\nUser: State the final answer to the following arithmetic problem: 4 + 7 - 2 =\n"
+                   "Assistant: <think>4 + 7 = 11, 11 - 2 = 9</think>\n<answer>9</answer>")
 PER_DATASET = {
     "gsm8k": {"dataset.name": "gsm8k", "algorithm.max_prompt_length": 512},
     "math": {"dataset.name": "math", "algorithm.max_prompt_length": 1024},
@@ -44,6 +47,16 @@ PER_DATASET = {
               "algorithm.train_batch_size": 1, "algorithm.total_steps": 2, "algorithm.save_freq": 1,
               "algorithm.lr": 5e-06, "services.retrieval.max_result_chars": 700, "eval.limit": 20,
               "eval.batch_size": 20},
+    # local.yaml's by_dataset.reasoning_gym (`make run`): GRPO alone on 3-term one-digit chain sums, a one-shot prompt,
+    # 10 steps of 8x4 at 40 tokens, 200 held-out problems (bench/results/rg_candidates.md)
+    "reasoning_gym": {"dataset.name": "reasoning_gym", "algorithm.max_prompt_length": 256,
+                      "dataset.system_prompt": LOCAL_RG_PROMPT,
+                      "dataset.reasoning_gym.tasks": [{"name": "chain_sum", "weight": 1.0, "config": {
+                          "min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}}],
+                      "warm_start.enabled": False, "algorithm.train_batch_size": 8, "algorithm.total_steps": 10,
+                      "algorithm.save_freq": 5, "algorithm.max_response_length": 40, "algorithm.lr": 3e-5,
+                      "algorithm.temperature": 0.7, "algorithm.top_k": 50, "eval.limit": 200, "eval.batch_size": 25,
+                      "eval.max_new_tokens": 40},
 }
 
 
