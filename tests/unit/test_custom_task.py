@@ -114,3 +114,39 @@ def test_a_bad_file_or_key_fails_in_one_line_naming_the_setting(tmp_path, case, 
     with pytest.raises(DataError, match=message) as raised:
         load_source(cfg.dataset)
     assert "\n" not in str(raised.value)
+
+
+def test_files_on_s3_are_read_through_the_stores_endpoint(tmp_path, s3_bucket):
+    import boto3
+
+    uri, endpoint = s3_bucket
+    bucket = uri.removeprefix("s3://").split("/")[0]
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.put_object(Bucket=bucket, Key="rows/train.jsonl", Body="".join(json.dumps(r) + "\n" for r in ROWS).encode())
+    table = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS[:2]), table)
+    s3.upload_file(str(table), bucket, "rows/test.parquet")
+    overrides = custom(tmp_path, f"dataset.train_files=[s3://{bucket}/rows/train.jsonl]",
+                       f"dataset.test_files=[s3://{bucket}/rows/test.parquet]")
+    cfg = load_config([], overrides, env={})
+    records = load_source(cfg.dataset, endpoint).read_records()
+    assert [r.split for r in records] == ["train"] * 6 + ["test"] * 2
+
+    missing = load_config([], [*overrides, f"dataset.test_files=[s3://{bucket}/rows/nothing.jsonl]"], env={})
+    with pytest.raises(DataError, match=r"^dataset.test_files: s3://.*/rows/nothing.jsonl does not exist") as e:
+        load_source(missing.dataset, endpoint)
+    assert "\n" not in str(e.value)
+
+
+def test_a_prompt_over_the_token_budget_is_quarantined(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    long = {"question": "How much is " + " plus ".join(["1"] * 200) + "?", "answer": 200}
+    cfg = load_config([], custom(tmp_path, "dataset.val_size=0", "algorithm.max_prompt_length=64",
+                                 train=[*ROWS, long], test=ROWS[:2]), env={})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    built = build_rows(builder_for(cfg.dataset), load_source(cfg.dataset).read_records(), "SYS", "{question}", cfg,
+                       tokenizer)
+    assert [(r["reason"], r["position"]) for r in built.rejected] == [("prompt_too_long", 6)]
+    assert "over algorithm.max_prompt_length=64" in built.rejected[0]["detail"]
+    assert len(built.splits["train"]) == 6
