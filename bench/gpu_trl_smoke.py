@@ -34,12 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PROFILE = ["gsm8k", "local"]
+"""The default profile; `--profile reasoning_gym,local` runs `make run`'s task instead."""
 LOCAL_STORE = "store"
 DATASET_FILE = "dataset.json"
 
 
-def prepare(payload: Path) -> None:
-    """The GSM8K dataset as `make run` prepares it (shared mirror, SmolLM2's tokenizer), in a store under payload."""
+def prepare(payload: Path, profile: list[str]) -> None:
+    """The profile's dataset as the pipeline prepares it (shared mirror or generator, SmolLM2's tokenizer), in a store
+    under payload."""
     from verl_grpo.config import load_config
     from verl_grpo.data import prepare_dataset
     from verl_grpo.models import load_tokenizer
@@ -48,7 +50,7 @@ def prepare(payload: Path) -> None:
     store_dir = (payload / LOCAL_STORE).resolve()
     shutil.rmtree(payload, ignore_errors=True)
     store_dir.mkdir(parents=True)
-    cfg = load_config(PROFILE, [f"storage.uri=file://{store_dir}"])
+    cfg = load_config(profile, [f"storage.uri=file://{store_dir}"])
     dataset = prepare_dataset(cfg, Store.from_config(cfg.storage), tokenizer=load_tokenizer(cfg.model.name))
     (payload / DATASET_FILE).write_text(dataset.model_dump_json(indent=1))
     print(f"prepared {dataset.name}/{dataset.hash} {dataset.counts} in {store_dir}")
@@ -96,7 +98,7 @@ class StepClock:
             self.step_at[int(m.group(1))] = now
 
 
-def run(payload: Path, wheel: Path, out: Path, steps: int, eval_limit: int) -> None:
+def run(payload: Path, wheel: Path, out: Path, steps: int, eval_limit: int, profile: list[str]) -> None:
     import torch
 
     from verl_grpo import runs
@@ -121,7 +123,7 @@ def run(payload: Path, wheel: Path, out: Path, steps: int, eval_limit: int) -> N
     dataset = DatasetVersion.model_validate_json(
         json.dumps(prepared).replace(old_store, f"file://{store_dir}"))
 
-    cfg = load_config(PROFILE, [f"model.name={model_dir}", f"storage.uri=file://{store_dir}",
+    cfg = load_config(profile, [f"model.name={model_dir}", f"storage.uri=file://{store_dir}",
                                 f"tracking.mlflow_uri=sqlite:///{work}/mlflow.db", f"algorithm.total_steps={steps}",
                                 f"eval.limit={eval_limit}"])
     store = Store.from_config(cfg.storage)
@@ -148,8 +150,9 @@ def run(payload: Path, wheel: Path, out: Path, steps: int, eval_limit: int) -> N
     cuda = torch.cuda.is_available()
     table = report(records, clock, changes, grpo_line(changes), dict(
         gpu=torch.cuda.get_device_name(0) if cuda else "CPU (no CUDA: a check of this script, not a GPU figure)",
+        profile=" ".join(f"-c {c}" for c in profile),
         torch=torch.__version__, steps=steps, eval_n=evals.trained.n, convert_s=convert_s, train_s=train_s,
-        eval_s=eval_s, peak_mib=memory.peak_mib,
+        eval_s=eval_s, peak_mib=memory.peak_mib, warm_start=cfg.warm_start.enabled,
         total_mib=torch.cuda.get_device_properties(0).total_memory // 2**20 if cuda else 0))
     (out / "gpu_trl_smoke.md").write_text(table)
     print(table)
@@ -158,31 +161,34 @@ def run(payload: Path, wheel: Path, out: Path, steps: int, eval_limit: int) -> N
 def report(records: list[dict], clock: StepClock, changes: list, grpo: str, facts: dict) -> str:
     steps = sorted(clock.step_at)
     gaps = {s: clock.step_at[s] - clock.step_at[p] for p, s in zip(steps, steps[1:])}
-    rows = ["| step | reward | reward std | completion length (mean tokens) | clipped ratio | seconds since the "
-            "previous step line |", "|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| step | reward | reward std | correctness | tied groups | completion length (mean tokens) | clipped ratio "
+            "| seconds since the previous step line |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         gap = gaps.get(r["step"])
         rows.append(f"| {r['step']} | {r.get('reward', float('nan')):.3f} | {r.get('reward_std', float('nan')):.3f} | "
+                    f"{r.get('rewards/correctness/mean', float('nan')):.3f} | "
+                    f"{r.get('signal/tied_group_share', float('nan')):.2f} | "
                     f"{r.get('completions/mean_length', float('nan')):.1f} | "
                     f"{r.get('completions/clipped_ratio', float('nan')):.2f} | "
                     f"{'' if gap is None else f'{gap:.2f}'} |")
-    evals = ["| metric | base | warm start | trained | p (trained vs warm start) |", "|---|---:|---:|---:|---:|"]
+    evals = ["| metric | base | warm start | trained | p (trained vs base) | p (trained vs warm start) |",
+             "|---|---:|---:|---:|---:|---:|"]
     for c in changes:
         if c.metric in ("mean_score", "accuracy") or c.metric.startswith("reward/"):
             evals.append(f"| {c.metric} | {_f(c.base)} | {_f(c.warm_start)} | {_f(c.trained)} | "
-                         f"{_f(c.grpo_p_value, '.3g')} |")
+                         f"{_f(c.p_value, '.3g')} {c.test} | {_f(c.grpo_p_value, '.3g')} |")
     median_gap = sorted(gaps.values())[len(gaps) // 2] if gaps else float("nan")
     return "\n".join([
-        "# The local pipeline's GRPO run on a GPU (TRL trainer, `-c gsm8k -c local`)", "",
+        f"# The local pipeline's GRPO run on a GPU (TRL trainer, `{facts['profile']}`)", "",
         f"Measured on {facts['gpu']} (torch {facts['torch']}) with `python bench/gpu_trl_smoke.py run`: the chain's "
         f"own provision → train → evaluate steps, `algorithm.total_steps={facts['steps']}`, "
         f"`eval.limit={facts['eval_n']}`, everything else as `make run`. "
         "The trainer chose CUDA and bf16 itself; the held-out eval generates on the CPU (the local eval has no GPU "
         "path; GPU clusters evaluate with vLLM).", "",
         f"- SmolLM2 conversion from the wheel: {facts['convert_s']:.1f} s",
-        f"- train step (warm start + GRPO, worker start included): {facts['train_s']:.1f} s; GRPO step, median "
+        f"- train step ({'warm start + ' if facts['warm_start'] else ''}GRPO, worker start included): {facts['train_s']:.1f} s; GRPO step, median "
         f"of the gaps between step lines: {median_gap:.2f} s",
-        f"- eval (base, warm start, trained on {facts['eval_n']} problems, CPU): {facts['eval_s']:.1f} s",
+        f"- eval (base{', warm start' if facts['warm_start'] else ''}, trained on {facts['eval_n']} problems, CPU): {facts['eval_s']:.1f} s",
         f"- peak GPU memory in use (nvidia-smi, polled every 0.5 s): {facts['peak_mib']} MiB of "
         f"{facts['total_mib']} MiB", f"- {grpo}" if grpo else "- (no warm start: no GRPO attribution)", "",
         "## Reward per step (training batch)", "", *rows, "",
@@ -206,11 +212,15 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--steps", type=int, default=20)
     r.add_argument("--eval-limit", type=int, default=100)
+    for sub_parser in (p, r):
+        sub_parser.add_argument("--profile", default=",".join(PROFILE),
+                                help="the -c configs, comma-separated (the same for prepare and run)")
     args = parser.parse_args()
+    profile = args.profile.split(",")
     if args.cmd == "prepare":
-        prepare(args.payload)
+        prepare(args.payload, profile)
     else:
-        run(args.payload, args.wheel, args.out, args.steps, args.eval_limit)
+        run(args.payload, args.wheel, args.out, args.steps, args.eval_limit, profile)
 
 
 if __name__ == "__main__":
