@@ -12,6 +12,7 @@ from verl_grpo.data.prepare import build_rows
 from verl_grpo.data.reasoning_gym import load_source
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.rewards import compute_score, dataset_of
+from verl_grpo.rewards.common import parse_response
 from verl_grpo.rewards.reasoning_gym import WEIGHTS, final_answer
 
 RG = ["dataset.name=reasoning_gym", "warm_start.enabled=false"]
@@ -99,9 +100,9 @@ def test_chain_sum_is_scored_by_its_score_answer_under_the_shared_answer_rules(r
 
 
 def test_a_text_answer_is_read_from_the_block_or_the_final_line():
-    assert final_answer("<think>a</think><answer> Paris </answer>", "Paris") == "Paris"
-    assert final_answer("It is\nParis", "Paris") == "Paris"
-    assert final_answer("<answer>Paris</answer><answer>Rome</answer>", "Paris") is None
+    assert final_answer(parse_response("<think>a</think><answer> Paris </answer>"), "Paris") == "Paris"
+    assert final_answer(parse_response("It is\nParis"), "Paris") == "Paris"
+    assert final_answer(parse_response("<answer>Paris</answer><answer>Rome</answer>"), "Paris") is None
     gt = json.dumps({"answer": "4", "metadata": {"source_dataset": "leg_counting"}})
     assert compute_score("reasoning_gym/leg_counting", "<answer>4</answer>", gt)["acc"] == 1.0
     with pytest.raises(DataError, match="generator's entry as JSON"):

@@ -138,14 +138,16 @@ def _without_train_questions(records: list[RawRecord]) -> list[RawRecord]:
 
 SEEN = "_seen"
 """Marks (in the parsed row, not its raw text) a held-out row whose question was asked before, with the reason."""
+_SEEN_DETAIL = {
+    Reason.IN_TRAIN: "a train row asks the same question; the held-out split never does",
+    Reason.DUPLICATE_QUESTION: "an earlier held-out row asks the same question",
+}
 
 
 def to_problem(record: RawRecord) -> Problem:
     data = require_object(record)
-    if data.get(SEEN) == Reason.IN_TRAIN:
-        raise RowRejected(Reason.IN_TRAIN, "a train row asks the same question; the held-out split never does")
-    if data.get(SEEN) == Reason.DUPLICATE_QUESTION:
-        raise RowRejected(Reason.DUPLICATE_QUESTION, "an earlier held-out row asks the same question")
+    if seen := data.get(SEEN):
+        raise RowRejected(Reason(seen), _SEEN_DETAIL[Reason(seen)])
     question = non_empty_str(data, "question", Reason.MISSING_QUESTION)
     answer = data.get("answer")
     if answer is None or not str(answer).strip():

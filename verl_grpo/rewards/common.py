@@ -78,6 +78,18 @@ def no_trailing_score(r: Response) -> float:
     return 1.0 if r.answer_blocks >= 1 and not r.trailing.strip() else 0.0
 
 
+def layout_components(r: Response, answer_fits: bool) -> dict[str, float]:
+    """The format components of the think-then-answer layout (GSM8K's table, which reasoning-gym's rows share):
+    `strict_format` (the whole layout, its answer as the task wants it: `answer_fits`), `thinking`, `answer_block`,
+    `no_trailing`."""
+    return {
+        "strict_format": 1.0 if r.layout_ok and answer_fits else 0.0,
+        "thinking": thinking_score(r),
+        "answer_block": answer_block_score(r),
+        "no_trailing": no_trailing_score(r),
+    }
+
+
 def weighted_total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
     """Σ weight·component, clipped to [0, 1] against float rounding."""
     total = sum(weights[name] * float(components[name]) for name in weights)

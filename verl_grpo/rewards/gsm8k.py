@@ -18,11 +18,9 @@ from verl_grpo.latex import all_boxed, last_boxed
 from verl_grpo.rewards.answers import answer_blocks, answer_is_phrases, answer_regions, final_line, hash_answers
 from verl_grpo.rewards.common import (
     Response,
-    answer_block_score,
     check_weights,
-    no_trailing_score,
+    layout_components,
     parse_response,
-    thinking_score,
     weighted_total,
 )
 
@@ -145,10 +143,7 @@ def compute_score(solution_str: str, ground_truth: object) -> dict:
     pred = extract_answer(r)
     components = {
         "correctness": 1.0 if pred is not None and pred == truth else 0.0,
-        "strict_format": 1.0 if r.layout_ok and _PLAIN_NUMBER.fullmatch(r.answer or "") else 0.0,
-        "thinking": thinking_score(r),
-        "answer_block": answer_block_score(r),
-        "no_trailing": no_trailing_score(r),
+        **layout_components(r, answer_fits=bool(_PLAIN_NUMBER.fullmatch(r.answer or ""))),
     }
     return {
         "score": weighted_total(components, WEIGHTS),

@@ -21,13 +21,7 @@ from typing import Any
 from verl_grpo.errors import DataError
 from verl_grpo.rewards import gsm8k
 from verl_grpo.rewards.answers import answer_blocks, answer_is_phrases, answer_regions, final_line
-from verl_grpo.rewards.common import (
-    answer_block_score,
-    no_trailing_score,
-    parse_response,
-    thinking_score,
-    weighted_total,
-)
+from verl_grpo.rewards.common import Response, layout_components, parse_response, weighted_total
 
 WEIGHTS: dict[str, float] = dict(gsm8k.WEIGHTS)
 """GSM8K's table: the same response layout (reasoning, then one answer block, nothing after it) scored the same way."""
@@ -64,10 +58,11 @@ def score_answer_of(generator: str):
                         "install the version the dataset was generated with") from None
 
 
-def final_answer(text: str, oracle: str) -> str | None:
+def final_answer(r: Response, oracle: str) -> str | None:
     """The response's one final answer as text; None when it states none or two different ones."""
+    text = r.text
     if _NUMERIC.fullmatch(oracle.strip().replace(",", "")):
-        return gsm8k.format_value(gsm8k.extract_answer(parse_response(text))) or None
+        return gsm8k.format_value(gsm8k.extract_answer(r)) or None
     for region in answer_regions(text):
         blocks = {b.strip() for b in answer_blocks(region)}
         if blocks:
@@ -75,8 +70,7 @@ def final_answer(text: str, oracle: str) -> str | None:
         phrases = {p.strip().rstrip(".") for p in answer_is_phrases(region) if p.strip()}
         if phrases:
             return phrases.pop() if len(phrases) == 1 else None
-    line = final_line(text)
-    return line
+    return final_line(text)
 
 
 def compute_score(solution_str: str, ground_truth: Any) -> dict:
@@ -84,18 +78,12 @@ def compute_score(solution_str: str, ground_truth: Any) -> dict:
     entry = parse_entry(ground_truth)
     generator = str(entry["metadata"].get("source_dataset") or "")
     r = parse_response(solution_str)
-    pred = final_answer(solution_str, str(entry["answer"]))
+    pred = final_answer(r, str(entry["answer"]))
     try:
         judged = float(score_answer_of(generator)(pred, entry)) if pred is not None else 0.0
     except Exception:  # noqa: BLE001 - a generator's scorer may choke on an odd answer: that answer is wrong
         judged = 0.0
     correctness = min(1.0, max(0.0, judged))
-    components = {
-        "correctness": correctness,
-        "strict_format": 1.0 if r.layout_ok else 0.0,
-        "thinking": thinking_score(r),
-        "answer_block": answer_block_score(r),
-        "no_trailing": no_trailing_score(r),
-    }
+    components = {"correctness": correctness, **layout_components(r, answer_fits=True)}
     return {"score": weighted_total(components, WEIGHTS), **components, "acc": 1.0 if correctness >= 1.0 else 0.0,
             "pred": pred or ""}
