@@ -42,7 +42,6 @@ def render(shape: str, env: dict[str, str], *extra: str, workdir: str = "/src/ve
     spec = TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", module, *ov],
                      overrides=ov, total_steps=20,
                      env={DATASET_URI_ENV: "s3://bucket/store/datasets/gsm8k/abc123", DATASET_MOUNT_ENV: MOUNT,
-                          "MLFLOW_TRACKING_URI": "sqlite:////tmp/verl-grpo/mlflow.db",
                           **checkpoint_env("s3://bucket/store", None, "run-1", "/tmp/verl-grpo/checkpoints/run-1", 2,
                                            CKPT_MOUNT if cfg.infra.nodes > 1 else None),
                           **(plan.env() if (plan := SamplesPlan.of(cfg)) else {})})

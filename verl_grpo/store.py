@@ -138,9 +138,9 @@ class Store:
             return fn(*args, **kwargs)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise
-        except PermissionError as e:
-            raise InfraError(f"store {self.uri}: permission denied on {e.filename or args[0]}; fix the access "
-                             "rights") from e
+        except PermissionError as e:  # the same on every retry: the user fixes it
+            raise ConfigError(f"store {self.uri}: permission denied on {e.filename or args[0]}; fix the access "
+                              "rights or the credentials") from e
         except OSError as e:
             raise InfraError(f"store {self.uri}: {type(e).__name__}: {e}") from e
 

@@ -70,12 +70,14 @@ def test_eval_task_runs_the_vllm_runner_on_one_rollout_engines_gpus_with_store_s
 
 def test_eval_packages_are_pinned_like_the_project_and_vllm_like_verl():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    vllm, *rest = templates.EVAL_PACKAGES
+    vllm, transformers, *rest = templates.EVAL_PACKAGES
     assert vllm == f"vllm=={templates.VLLM_VERSION}"
     assert set(rest) <= set(project), f"{set(rest) - set(project)} are not pyproject.toml dependencies as written"
     from importlib.metadata import requires
 
     assert f'vllm=={templates.VLLM_VERSION}; extra == "vllm"' in requires("verl")
+    # vLLM alone would resolve a newer transformers; the eval node gets the one verl pins for training
+    assert f'{transformers}; extra == "vllm"' in requires("verl")
 
 
 def test_a_run_that_searched_is_evaluated_with_the_tool_so_its_eval_node_installs_the_loop_and_a_retriever():
@@ -254,7 +256,7 @@ def test_training_setup_installs_verl_beside_our_runtime_without_our_pins():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
                                   "skypilot.shape=job_group"], env={})
-    verl, *rest = templates.cluster_packages(cfg, "vllm")
-    assert verl == "verl[vllm]==0.9.1"
+    verl, transformers, *rest = templates.cluster_packages(cfg, "vllm")
+    assert verl == "verl[vllm]==0.9.1" and transformers == "transformers==5.9.0"  # verl's own pin, spelled out
     assert set(rest) <= set(project)
     assert not any(p.startswith(("torch", "transformers", "prefect", "mlflow")) for p in rest)

@@ -62,6 +62,9 @@ class FakeSky:
     def catalog_dir(self):
         return str(self.catalog_root)
 
+    def kubernetes_spot_label(self):
+        return None  # SkyPilot's config names no spot-labelling autoscaler
+
     def catalog_offers(self, accelerator, count, cloud, region, clouds):
         return list(self.offers), []
 

@@ -579,8 +579,13 @@ class SkyPilotConfig(_Section):
     reward-server, and the eval task of a run with reward.path) after verl and verl_grpo's runtime, e.g. `flash-attn @
     <wheel URL built for the nodes' torch>` with verl.attn_implementation=flash_attention_2, or what your reward
     function imports."""
-    max_restarts_on_errors: int = Field(3, ge=0)
-    """Restarts of a managed job whose user code failed (preemptions are recovered regardless)."""
+    max_restarts_on_errors: int = Field(0, ge=0)
+    """Restarts of a managed job whose setup or run failed for any other reason than a transient one (preemptions are
+    recovered regardless). SkyPilot counts a failed setup as a user-code failure too (sky/skylet/job_lib.py
+    `user_code_failure_states`), and each restart may be new GPU nodes, a full install and a model download: a
+    deterministic failure (a bug, a missing package, an old driver) would be paid for again each time. Transient
+    failures are recovered without it: every entry point exits with 75 only on those (network, a store 5xx),
+    and the task's `recover_on_exit_codes: [75]` makes SkyPilot recover them uncounted."""
     termination_delay: str = "60s"
     """How long auxiliary job-group tasks outlive the primary trainer (e.g. `60s`, `5m`)."""
     rollout_nodes: int = Field(1, ge=1)

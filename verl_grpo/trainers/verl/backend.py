@@ -96,7 +96,8 @@ class VerlTrainer:
             env.update(user.node.env())
         paths = replace(run_paths(cfg, f"{cluster.workdir}/checkpoints/{run_id}", user), model_path=model_path)
         module, overrides, self.last_validation = self._composed(cfg, data_files, paths, run_id)
-        env["MLFLOW_TRACKING_URI"] = mlflow_uri_on_cluster(cfg, cluster)
+        if cluster.on_this_machine:  # a cluster's nodes log with verl's console and file loggers, never to MLflow
+            env["MLFLOW_TRACKING_URI"] = cfg.tracking.mlflow_uri
         quiet_wandb(env)  # verl's wandb logger runs in these processes
         env.update(checkpoint_env(cfg.storage.uri, cfg.storage.endpoint_url, run_id, paths.checkpoint_dir,
                                   cfg.storage.keep_last, checkpoint_mount(cfg, store, run_id, cluster)))
@@ -206,11 +207,3 @@ def finalize_command(cfg: RunConfig) -> list[str]:
     """The post-main_ppo entry: merge the final actor with verl.model_merger, publish model, metrics, TrainResult."""
     return ["python", "-m", "verl_grpo.trainers.verl.finalize", "--backend", cfg.verl.strategy,
             "--train-batch-size", str(cfg.algorithm.train_batch_size)]
-
-
-def mlflow_uri_on_cluster(cfg: RunConfig, cluster: Cluster) -> str:
-    """A tracking server URI is used as is; a local SQLite default becomes a SQLite file in the cluster workdir."""
-    uri = cfg.tracking.mlflow_uri
-    if cluster.on_this_machine or uri.startswith(("http://", "https://", "databricks")):
-        return uri
-    return f"sqlite:///{cluster.workdir}/mlflow.db"
