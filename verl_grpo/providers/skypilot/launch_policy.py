@@ -125,7 +125,8 @@ def check_services(yamls: Mapping[str, str]) -> list[str]:
     for label, task in tasks(yamls):
         if _on_gpu(task) or not isinstance(_resources(task).get("cpus"), str | int):
             continue
-        names = [re.split(r"[\[<>=!~ ;@]", r, maxsplit=1)[0].lower() for r in setup_requirements(task.get("setup") or "")]
+        requirements = setup_requirements(task.get("setup") or "")
+        names = [re.split(r"[\[<>=!~ ;@]", r, maxsplit=1)[0].lower() for r in requirements]
         heavy = [n for n in names if n in CUDA_STACK]
         if heavy:
             raise ConfigError(f"CPU service task {label} installs {', '.join(heavy)}, the GPU trainer's CUDA stack it "
@@ -161,8 +162,8 @@ def check_ray_network(yamls: Mapping[str, str]) -> list[str]:
         bad = [s for s in starts if f"--dashboard-agent-listen-port={RAY_DASHBOARD_AGENT_PORT}" not in s]
         if bad:
             raise ConfigError(f"task {label} starts Ray without --dashboard-agent-listen-port="
-                              f"{RAY_DASHBOARD_AGENT_PORT}: Ray's default {SKY_RAY_DASHBOARD_AGENT_PORT} is held by SkyPilot's own Ray on every "
-                              f"node; {FIX}")
+                              f"{RAY_DASHBOARD_AGENT_PORT}: Ray's default {SKY_RAY_DASHBOARD_AGENT_PORT} is held by "
+                              f"SkyPilot's own Ray on every node; {FIX}")
         lines.append(f"ray: task {label} starts Ray with its dashboard agent on {RAY_DASHBOARD_AGENT_PORT} "
                      f"(SkyPilot's Ray holds {SKY_RAY_DASHBOARD_AGENT_PORT})")
         if int(task.get("num_nodes") or 1) > 1:
