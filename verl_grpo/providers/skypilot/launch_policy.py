@@ -127,7 +127,7 @@ def check_services(yamls: Mapping[str, str]) -> list[str]:
             continue
         requirements = setup_requirements(task.get("setup") or "")
         names = [re.split(r"[\[<>=!~ ;@]", r, maxsplit=1)[0].lower() for r in requirements]
-        heavy = [n for n in names if n in CUDA_STACK]
+        heavy = sorted({n for n in names if n in CUDA_STACK})
         if heavy:
             raise ConfigError(f"CPU service task {label} installs {', '.join(heavy)}, the GPU trainer's CUDA stack it "
                               f"never imports (gigabytes per node); give services their own package set; {FIX}")
