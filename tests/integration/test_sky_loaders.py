@@ -31,10 +31,25 @@ for name, extra in {
     "bad_accelerator": ["infra.accelerators=H10:8"], "bad_strategy": ["skypilot.recovery_strategy=BOGUS"],
     "spot_on_lambda": ["infra.spot=true", "skypilot.cloud=lambda"], "bad_key": ["skypilot.cloud=lambda",
     "verl.extra_overrides=[trainer.savefreq=3]"],
+    "h100x3": ["infra.accelerators=H100:3"],
 }.items():
     try:
         r = dry_run(load_config([], base + extra), env=env, check_reward=False)
         out[name] = {"ok": True, "checks": r.checks, "costs": [c.__dict__ for c in r.costs], "text": r.render()}
+    except ConfigError as e:
+        out[name] = {"ok": False, "error": str(e)}
+# The shipped shapes as a user launches them: a config file each, the store and nothing else.
+store = ["trainer.backend=verl", "infra.provider=skypilot", "storage.uri=s3://bucket/prefix"]  # as `launch` sets
+for name, (files, extra) in {
+    "gsm8k": (["gsm8k"], []), "math": (["math"], []), "mbpp": (["mbpp"], []), "squad": (["squad"], []),
+    "nq_hotpotqa": (["nq_hotpotqa"], ["services.retrieval.url=http://10.0.0.5:8000/retrieve"]),
+    "gsm8k_2_nodes": (["gsm8k"], ["infra.nodes=2"]), "gsm8k_job_group": (["gsm8k"], ["skypilot.shape=job_group"]),
+    "gsm8k_rollout_group": (["gsm8k"], ["skypilot.shape=rollout_group"]),
+    "gsm8k_kubernetes": (["gsm8k"], ["skypilot.cloud=kubernetes"]),
+}.items():
+    try:
+        r = dry_run(load_config(files, store + extra, env={}), env=env, check_reward=False)
+        out[name] = {"ok": True, "checks": r.checks, "costs": [c.__dict__ for c in r.costs or []], "text": r.render()}
     except ConfigError as e:
         out[name] = {"ok": False, "error": str(e)}
 print("RESULT" + json.dumps(out))
@@ -44,7 +59,7 @@ print("RESULT" + json.dumps(out))
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     home = sky_home(tmp_path_factory.mktemp("skyhome"))
-    env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state")}
+    env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state"), "HF_HUB_OFFLINE": "1"}
     env.pop("SKY_RUNTIME_DIR", None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])
@@ -111,3 +126,41 @@ def test_spot_where_no_spot_is_sold_launches_on_demand_with_a_warning(results):
 
 def test_misspelled_verl_key_fails_in_dry_run(results):
     assert "Could not override 'trainer.savefreq'" in results["bad_key"]["error"]
+
+
+SHIPPED = ["gsm8k", "math", "mbpp", "squad", "nq_hotpotqa", "gsm8k_2_nodes", "gsm8k_job_group", "gsm8k_rollout_group",
+           "gsm8k_kubernetes"]
+
+
+@pytest.mark.parametrize("shape", SHIPPED)
+def test_each_shipped_shape_dry_runs_naming_spot_driver_restarts_and_the_eval_nodes_transformers(results, shape):
+    r = results[shape]
+    assert r["ok"], r.get("error")
+    checks = r["checks"]
+    spot = next(c for c in checks if c.startswith("spot: "))
+    kubernetes = shape in ("squad", "gsm8k_job_group", "gsm8k_rollout_group", "gsm8k_kubernetes")  # squad: a job group
+    if kubernetes:  # SkyPilot has no spot on an unlabelled Kubernetes cluster: on-demand, with a warning
+        assert spot.startswith("spot: off (") and "kubernetes" in spot.lower()
+        assert "warning: infra.spot=true but skypilot" in r["text"] and "use_spot: true" not in r["text"]
+    else:  # the shipped catalog (Lambda) sells no spot
+        assert spot.startswith("spot: off (no catalog offer of")
+    trainers = [c for c in checks if c.startswith("driver: ")]
+    assert len(trainers) == 2 and all("NVIDIA driver >= 580.65.06 (torch 2.11.0, CUDA 13.0)" in c for c in trainers)
+    restarts = [c for c in checks if c.startswith("restarts: ")]
+    assert restarts and all("recovers exit code(s) [75]" in c and "0 time(s)" in c for c in restarts)
+    assert any(c.startswith("transformers: 5.9.0 on every GPU task (") and "-eval" in c for c in checks)
+    assert "MLFLOW_TRACKING_URI:" not in r["text"] and "pip install --quiet --upgrade uv" not in r["text"]
+    if shape in ("gsm8k_2_nodes", "gsm8k_rollout_group"):
+        assert any(c.startswith("network: ") for c in checks)
+    if shape in ("squad", "gsm8k_job_group", "gsm8k_rollout_group"):
+        assert any(c.startswith("services: task ") for c in checks)
+
+
+def test_an_accelerator_count_no_catalog_offers_fails_in_one_line(results):
+    """Three H100s per node: no instance of the local catalogs (Lambda sells 1, 2, 4 and 8) carries them. (`-c math`'s
+    H100:2 passes: Lambda's gpu_2x_h100_sxm5.)"""
+    error = results["h100x3"]["error"]
+    assert not results["h100x3"]["ok"]
+    lines = [ln for ln in error.splitlines() if "H100:3" in ln]
+    assert len(lines) == 1 and "infra.accelerators 'H100:3' is not offered" in lines[0] and "lambda" in lines[0]
+    assert "gpu_2x_h100_sxm5" in str(results["math"]["costs"])
