@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT, sky_boundary as sky
+from verl_grpo.rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT, sky_boundary as sky
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def rehearsal(tmp_path, monkeypatch):
     """An empty rehearsal state dir; at teardown every job is stopped and no process of any job is left."""
     state = tmp_path / "rehearsal"
     monkeypatch.setenv(ENV_DIR, str(state))
-    for var in (ENV_PREEMPT_AT, ENV_FAIL_AT, ENV_MAIN_PPO):
+    for var in (ENV_PREEMPT_AT, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_DRIVER):
         monkeypatch.delenv(var, raising=False)
     yield state
     sky.stop_all()
@@ -129,16 +129,116 @@ def test_success_with_envs_secrets_file_mounts_and_workdir_sync(rehearsal, workd
     assert events(job_id, "job_ended")[0]["status"] == "SUCCEEDED"
 
 
-def test_failing_setup_is_failed_setup_without_retry(rehearsal, workdir):
-    yaml = task_yaml(name="t", workdir=str(workdir), setup="echo installing; exit 3", run="echo never",
-                     resources={"job_recovery": {"max_restarts_on_errors": 2}})
-    job_id = sky.launch_managed(yaml, "setup-fails", {}, job_group=False)
-    status, seen = wait(job_id)
-    assert status == "FAILED_SETUP"
-    assert "RUNNING" not in seen
-    assert [e["exit_code"] for e in events(job_id, "node_setup_exited")] == [3]
-    assert not events(job_id, "run_started") and len(events(job_id, "task_launched")) == 1
-    assert "never" not in list(sky.tail_logs(job_id, follow=False))
+def test_failing_setup_is_restarted_max_restarts_on_errors_times_then_failed_setup(rehearsal, workdir):
+    """SkyPilot restarts a failed setup like a failed run (JobStatus.user_code_failure_states()): with
+    max_restarts_on_errors 2 it sets up three times, then ends FAILED_SETUP; with 0, after its one attempt."""
+    jobs = {}
+    for restarts in (2, 0):
+        yaml = task_yaml(name="t", workdir=str(workdir), setup="echo installing; exit 3", run="echo never",
+                         resources={"job_recovery": {"max_restarts_on_errors": restarts}})
+        jobs[restarts] = sky.launch_managed(yaml, f"setup-fails-{restarts}", {}, job_group=False)
+    for restarts, job_id in jobs.items():
+        status, seen = wait(job_id, timeout=120)
+        record = next(r for r in sky.queue() if r.job_id == job_id)
+        assert status == "FAILED_SETUP" and "RUNNING" not in seen
+        assert [e["exit_code"] for e in events(job_id, "node_setup_exited")] == [3] * (restarts + 1)
+        assert len(events(job_id, "task_launched")) == restarts + 1 and not events(job_id, "run_started")
+        assert [e["restart"] for e in events(job_id, "restarted_after_error")] == list(range(1, restarts + 1))
+        assert record.recovery_count == restarts
+        assert "Setup failed with exit code 3" in record.failure_reason
+        lines = list(sky.tail_logs(job_id, follow=False))
+        assert "never" not in lines
+        if restarts:
+            assert "rehearsal: task t: Setup failed with exit code 3 on node rank 0; restart 2 of 2 on errors" in lines
+
+
+def test_an_exit_code_in_recover_on_exit_codes_restarts_without_counting(rehearsal, workdir):
+    """recover_on_exit_codes [75] with max_restarts_on_errors 0 (what the trainer YAML renders: 75 is transient): a
+    setup, then a run, each exiting 75 once, are restarted and the job succeeds; a run exiting 7 ends FAILED after its
+    one attempt. Markers in the rehearsal's state dir (which every node sees, unlike its own fresh disk) tell the
+    attempts apart."""
+    policy = {"job_recovery": {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0,
+                               "recover_on_exit_codes": [75]}}
+    once = 'if [ ! -e "{m}" ]; then touch "{m}"; echo "{what} transient"; exit 75; fi; echo "{what} ok"'
+    transient = task_yaml(name="t", workdir=str(workdir), resources=policy,
+                          setup=once.format(m=rehearsal / "setup-75", what="setup"),
+                          run=once.format(m=rehearsal / "run-75", what="run"))
+    fatal = task_yaml(name="t", workdir=str(workdir), resources=policy, run="echo crashing; exit 7")
+    transient_id = sky.launch_managed(transient, "transient", {}, job_group=False)
+    fatal_id = sky.launch_managed(fatal, "fatal", {}, job_group=False)
+
+    status, seen = wait(transient_id, timeout=120)
+    record = next(r for r in sky.queue() if r.job_id == transient_id)
+    assert (status, record.recovery_count) == ("SUCCEEDED", 2), record.failure_reason
+    assert len(events(transient_id, "task_launched")) == 3
+    matched = events(transient_id, "recovered_on_exit_code")
+    assert [(e["status"], e["exit_codes"], e["recover_on_exit_codes"]) for e in matched] == [
+        ("FAILED_SETUP", [75], [75]), ("FAILED", [75], [75])]
+    assert not events(transient_id, "restarted_after_error")
+    lines = list(sky.tail_logs(transient_id, follow=False))
+    assert "rehearsal: task t: Setup failed with exit code 75 on node rank 0; exit code(s) [75] matched " \
+           "recover_on_exit_codes [75]" in lines
+    assert "rehearsal: task t: Job exited with exit code 75; exit code(s) [75] matched recover_on_exit_codes [75]" \
+        in lines
+    assert "run ok" in lines
+
+    assert wait(fatal_id)[0] == "FAILED"
+    record = next(r for r in sky.queue() if r.job_id == fatal_id)
+    assert record.recovery_count == 0 and "exit code 7" in record.failure_reason
+    assert len(events(fatal_id, "task_launched")) == 1
+    assert not events(fatal_id, "recovered_on_exit_code") and not events(fatal_id, "restarted_after_error")
+
+
+def test_use_spot_where_the_cloud_has_no_spot_fails_prechecks_before_any_node(rehearsal, workdir):
+    """SkyPilot's optimizer drops a candidate whose cloud's feature check refuses SPOT_INSTANCE; with none left the
+    launch fails before provisioning (ProvisionPrechecksError: FAILED_PRECHECKS). Kubernetes is judged offline
+    (tests' HOME has no kubeconfig or SkyPilot config). In a job group one such task fails the group."""
+    spot_k8s = {"infra": "kubernetes", "use_spot": True, "accelerators": "H100:1"}
+    single = task_yaml(name="verl-trainer", workdir=str(workdir), resources=spot_k8s, setup="echo setup", run="true")
+    header = {"name": "grp", "execution": "parallel", "primary_tasks": ["verl-trainer"]}
+    aux = {"name": "web", "resources": {"infra": "kubernetes"}, "run": "sleep 60"}
+    trainer = {"name": "verl-trainer", "resources": spot_k8s, "run": "true"}
+    group = "\n---\n".join(json.dumps(doc) for doc in (header, aux, trainer))
+    jobs = [sky.launch_managed(single, "spot-k8s", {}, job_group=False),
+            sky.launch_managed(group, "grp", {}, job_group=True)]
+    for job_id in jobs:
+        assert wait(job_id, timeout=120)[0] == "FAILED_PRECHECKS"
+        reason = sky.summary(job_id)["failure_reason"]
+        assert reason.startswith("No launchable resource: task verl-trainer asks use_spot on Kubernetes: Spot "
+                                 "instances are not supported in Kubernetes."), reason
+        assert "\n" not in reason
+        assert not events(job_id, "task_launched") and events(job_id, "no_launchable_resource")
+        assert not list((rehearsal / "jobs" / str(job_id)).glob("attempt-*")), "no node may start"
+
+
+def test_nvidia_smi_reports_the_rehearsed_driver_on_gpu_nodes_only(rehearsal, workdir, monkeypatch):
+    """A job group of a GPU task (its nodes answer the driver query, one line per GPU, and pass the trainer setup's
+    driver check) and a CPU task (no nvidia-smi, as a CPU node). VERL_GRPO_REHEARSAL_DRIVER, read at launch, changes
+    the driver the nodes report: an R550 node fails the driver check, once (a deterministic failure)."""
+    from verl_grpo.providers.skypilot.node_stack import driver_check
+
+    query = "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+    run = f'echo "DRIVERS=$({query} | tr "\\n" " ")"; echo "FIRST=$({query} | head -n1)"'
+    header = {"name": "gpus", "execution": "parallel"}
+    gpu = {"name": "gpu", "workdir": str(workdir), "resources": {"accelerators": "H100:2"},
+           "setup": "\n".join([*driver_check(), query]), "run": run}
+    cpu = {"name": "cpu", "run": "command -v nvidia-smi || echo no-nvidia-smi"}
+    group = "\n---\n".join(json.dumps(doc) for doc in (header, gpu, cpu))
+    default = sky.launch_managed(group, "gpus", {}, job_group=True)
+    monkeypatch.setenv(ENV_DRIVER, "550.54.15")
+    older = sky.launch_managed(group, "gpus-older-driver", {}, job_group=True)
+    monkeypatch.delenv(ENV_DRIVER)  # read at launch
+
+    assert wait(default, timeout=120)[0] == "SUCCEEDED", sky.summary(default)["failure_reason"]
+    lines = list(sky.tail_logs(default, follow=False))
+    assert "DRIVERS=580.95.05 580.95.05 " in lines and "FIRST=580.95.05" in lines, lines  # one line per GPU
+    assert "rehearsal: nvidia-smi stands in (driver 580.95.05)" in lines
+    assert any(line.startswith("driver check: NVIDIA driver 580.95.05 ") for line in lines)
+    assert "(cpu, rank=0) no-nvidia-smi" in lines
+
+    assert wait(older, timeout=120)[0] == "FAILED_SETUP"
+    assert "driver check: this node's NVIDIA driver is 550.54.15" in sky.summary(older)["failure_reason"]
+    assert [e["task"] for e in events(older, "task_launched") if e["task"] == "gpu"] == ["gpu"]
 
 
 def test_user_failure_is_restarted_max_restarts_on_errors_times_then_failed(rehearsal, workdir):
@@ -342,8 +442,10 @@ def _first_launch(monkeypatch, defect: str) -> str:
                             tuple(p for p in templates.CLUSTER_RUNTIME if not p.startswith("tenacity")))
     else:
         override = ("trainer.logger=[console,file]", "trainer.logger=[console,mlflow,file]")
-    cloud = "skypilot.cloud=lambda" if defect.startswith("data mount") else "skypilot.cloud=aws"
-    text = render("multinode", {}, "infra.nodes=1", cloud, workdir=str(REPO), override=override).yaml
+    # Lambda sells no spot: SkyPilot would refuse the task before provisioning (and the rehearsal with it), so the
+    # mount's own error is reached only on demand.
+    cloud = ("skypilot.cloud=lambda", "infra.spot=false") if defect.startswith("data mount") else ("skypilot.cloud=aws",)
+    text = render("multinode", {}, "infra.nodes=1", *cloud, workdir=str(REPO), override=override).yaml
     if defect.startswith("data mount"):
         monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
         text = text.replace("\nenvs:\n", "\nfile_mounts:\n  /tmp/verl-grpo/datasets/gsm8k/abc123: "

@@ -11,11 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-
 from rendered_tasks import render, shape_config
+
 from verl_grpo.errors import ConfigError
-from verl_grpo.providers.skypilot import launch_policy as policy
-from verl_grpo.providers.skypilot import templates
+from verl_grpo.providers.skypilot import launch_policy as policy, templates
 from verl_grpo.providers.skypilot.checks import spot_choice
 from verl_grpo.providers.skypilot.node_stack import driver_check
 from verl_grpo.trainers.exits import EXIT_RETRYABLE, is_transient, run_entry
@@ -161,6 +160,8 @@ def test_the_kubernetes_spot_rule_is_skypilots_own():
 @pytest.mark.parametrize("nvidia_smi, rc, says", [
     ("echo 580.95.05", 0, "driver check: NVIDIA driver 580.95.05 (>= 580.65.06 for torch 2.11.0, CUDA 13.0)"),
     ("echo 550.54.15", 1, "this node's NVIDIA driver is 550.54.15, but torch 2.11.0"),
+    ("echo 580.10.01", 1, "this node's NVIDIA driver is 580.10.01, but torch 2.11.0"),  # R580, older than CUDA 13.0 GA
+    ("echo 590.12", 0, "driver check: NVIDIA driver 590.12 (>= 580.65.06"),
     (None, 1, "this node's NVIDIA driver is missing (nvidia-smi found none), but torch 2.11.0"),
 ])
 def test_the_driver_check_runs_first_and_fails_in_one_line(tmp_path, nvidia_smi, rc, says):

@@ -21,6 +21,11 @@ PREEMPT_HOLD_S = 30.0
 multi-node commit waits for the nodes' checkpoint syncs to upload)."""
 ENV_FAIL_AT = "VERL_GRPO_REHEARSAL_FAIL_AT"
 """Passed through to the nodes: the CPU trainer stand-in fails by itself at this step."""
+ENV_DRIVER = "VERL_GRPO_REHEARSAL_DRIVER"
+"""The NVIDIA driver version the rehearsal's nodes report (`nvidia-smi`'s stand-in, see `shims`); read when a job is
+launched, like ENV_FAIL_AT, and passed to its nodes."""
+DEFAULT_DRIVER = "580.95.05"
+"""The driver version a rehearsal node reports when ENV_DRIVER is unset."""
 ENV_ON_NODE = "VERL_GRPO_REHEARSAL"
 """Set to "1" in every node process."""
 ENV_MAIN_PPO = "VERL_GRPO_REHEARSAL_MAIN_PPO"

@@ -7,7 +7,10 @@ like a preempted VM; a mount namespace with the node's own /tmp and an /etc/host
 SkyPilot's YAML loaders, the workdir sync (git-tracked and untracked-not-ignored files), file_mounts from the store
 (s3 via fsspec) or local paths, bucket mounts in MOUNT_CACHED mode (`cached_mount`: a dir per node, written back to
 the bucket asynchronously), the task's setup and run scripts, ray. Stood in: GPUs (SKYPILOT_NUM_GPUS_PER_NODE is
-only reported), package installs and verl's trainer (see `shims`), preemptions (injected at verl step numbers).
+only reported, and `nvidia-smi` reports the rehearsed driver), package installs and verl's trainer (see `shims`),
+preemptions (injected at verl step numbers). Decided by SkyPilot's own code: whether a failed setup or run is
+restarted (its jobs recovery strategy executor: max_restarts_on_errors, recover_on_exit_codes) and whether a task's
+spot request can be placed on its cloud (the cloud's feature check).
 
 Log format of `run.log`: the first primary task's rank-0 lines are written unprefixed (so `step:N - ...` stays at
 line start for our parsers); every other node's lines as `(<task>, rank=<r>) <line>`; the controller's own lines
@@ -16,6 +19,7 @@ as `rehearsal: <what happened>`.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import configparser
 import ctypes
@@ -36,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.providers.skypilot.checks import profile_with_keys
-from verl_grpo.rehearsal import ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
+from verl_grpo.rehearsal import ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
 from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
 from verl_grpo.rehearsal.network import JobNetwork, listening_on_host, loopback_ports
 from verl_grpo.rehearsal.node_env import ENV_BASE_ENV
-from verl_grpo.rehearsal.shims import write_shims
+from verl_grpo.rehearsal.shims import GPU_SHIMS, write_shims
 from verl_grpo.rehearsal.sky_boundary import (
     PACKAGE_ROOT,
     _append_event,
@@ -177,8 +181,9 @@ class TaskRun:
         self.attempt = 0
         self.nodes: list[Node] = []
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.max_restarts = 0 if self.exec_mode else _max_restarts_on_errors(task)
-        self.restarts_on_errors = 0
+        self.executor = None if self.exec_mode else recovery_executor(task, job.info, index)
+        """SkyPilot's own jobs recovery strategy executor for this task: decides restarts after user-code failures
+        (`sky exec` restarts nothing)."""
         self.recovery_count = 0
         self.preempt_at = set() if self.exec_mode else set(job.info.get("preempt_at") or [])
         self.used_steps: set[int] = set()
@@ -301,7 +306,7 @@ class TaskRun:
             "USER": os.environ.get("USER", "root"),
             # A bare interpreter first (the shims, then the node's base env), never this machine's venv: the node
             # has only what its setup installs (node_env).
-            "PATH": f"{self.job.path / 'shims'}:{node.root / BASE_ENV}/bin:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{self._shims_path()}:{node.root / BASE_ENV}/bin:/usr/local/bin:/usr/bin:/bin",
             ENV_BASE_ENV: str(node.root / BASE_ENV),
             ENV_ON_NODE: "1",
             "SKYPILOT_NODE_RANK": str(node.rank),
@@ -322,7 +327,15 @@ class TaskRun:
             env[ENV_FAIL_AT] = str(info["fail_at"])
         if info.get("main_ppo"):
             env[ENV_MAIN_PPO] = str(info["main_ppo"])
+        if info.get("driver"):
+            env[ENV_DRIVER] = str(info["driver"])
         return env
+
+    def _shims_path(self) -> str:
+        """The shims on a node's PATH: `nvidia-smi`'s stand-in only where the task asks for accelerators (a CPU node
+        has no nvidia-smi: `command not found`)."""
+        shims = self.job.path / "shims"
+        return f"{shims}:{shims / GPU_SHIMS}" if _gpus_per_node(self.task) else str(shims)
 
     def poll(self, now: float) -> None:
         if self.terminal:
@@ -352,11 +365,12 @@ class TaskRun:
                 node.flush_mounts()
                 self.job.event("node_run_exited", task=self.name, attempt=self.attempt, rank=node.rank,
                                exit_code=node.run_rc)
-        failed_setup = next((n for n in self.nodes if n.setup_rc not in (None, 0)), None)
-        if failed_setup is not None:
-            self.kill_nodes()
-            self._end("FAILED_SETUP", f"Setup failed with exit code {failed_setup.setup_rc} on node rank "
-                                     f"{failed_setup.rank} of task {self.name}. Log tail:\n{self._tail()}")
+        failed_setup = [n for n in self.nodes if n.setup_rc not in (None, 0)]
+        if failed_setup:
+            first = failed_setup[0]
+            desc = f"Setup failed with exit code {first.setup_rc} on node rank {first.rank}"
+            self._user_failure("FAILED_SETUP", [n.setup_rc for n in failed_setup],  # type: ignore[misc]
+                               desc, f"{desc} of task {self.name}")
             return
         if not self.running and all(n.setup_rc == 0 for n in self.nodes):
             for node in self.nodes:
@@ -367,7 +381,9 @@ class TaskRun:
             return
         failed_run = [n for n in self.nodes if n.run_rc not in (None, 0)]
         if failed_run:
-            self._user_failure([n.run_rc for n in failed_run])  # type: ignore[misc]
+            codes: list[int] = [n.run_rc for n in failed_run]  # type: ignore[misc]
+            desc = f"Job exited with exit code {codes[0]}" if len(codes) == 1 else f"Job exited with exit codes {codes}"
+            self._user_failure("FAILED", codes, desc, f"{desc} (task {self.name}, attempt {self.attempt})")
             return
         if self.running and all(n.run_rc == 0 for n in self.nodes):
             self._end("SUCCEEDED", None)
@@ -389,18 +405,31 @@ class TaskRun:
         self.job.event("preempted", task=self.name, attempt=self.attempt, step=step)
         self._recover("preempted", now + RECOVERY_WAIT_S)
 
-    def _user_failure(self, codes: list[int]) -> None:
+    def _user_failure(self, status: str, codes: list[int], desc: str, reason: str) -> None:
+        """A failed setup (FAILED_SETUP) or run (FAILED) with these exit codes: restarted when SkyPilot's executor
+        says so (sky/jobs/controller.py does this for every status in JobStatus.user_code_failure_states(): an exit
+        code in recover_on_exit_codes restarts without counting, any other counts against max_restarts_on_errors),
+        else the task ends with that status and `reason` (with the log's tail)."""
+        from sky.skylet import job_lib
+
         self.kill_nodes()
-        desc = f"Job exited with exit code {codes[0]}" if len(codes) == 1 else f"Job exited with exit codes {codes}"
-        if self.restarts_on_errors < self.max_restarts:
-            self.restarts_on_errors += 1
-            self.log.say(f"task {self.name}: {desc}; restart {self.restarts_on_errors} of {self.max_restarts} "
-                         "on errors")
-            self.job.event("restarted_after_error", task=self.name, attempt=self.attempt, exit_codes=codes,
-                           restart=self.restarts_on_errors, max_restarts_on_errors=self.max_restarts)
-            self._recover(f"user code failed ({desc})", time.time())
+        executor = self.executor
+        if executor is None or job_lib.JobStatus(status) not in job_lib.JobStatus.user_code_failure_states() \
+                or not executor.should_restart_on_failure(exit_codes=codes):
+            self._end(status, f"{reason}. Log tail:\n{self._tail()}")
             return
-        self._end("FAILED", f"{desc} (task {self.name}, attempt {self.attempt}). Log tail:\n{self._tail()}")
+        matched = [c for c in codes if c in executor.recover_on_exit_codes]
+        if matched:
+            detail = f"exit code(s) {matched} matched recover_on_exit_codes {executor.recover_on_exit_codes}"
+            self.job.event("recovered_on_exit_code", task=self.name, attempt=self.attempt, status=status,
+                           exit_codes=codes, recover_on_exit_codes=executor.recover_on_exit_codes)
+        else:
+            detail = f"restart {executor.restart_cnt_on_failure} of {executor.max_restarts_on_errors} on errors"
+            self.job.event("restarted_after_error", task=self.name, attempt=self.attempt, status=status,
+                           exit_codes=codes, restart=executor.restart_cnt_on_failure,
+                           max_restarts_on_errors=executor.max_restarts_on_errors)
+        self.log.say(f"task {self.name}: {desc}; {detail}")
+        self._recover(f"user code failed ({desc}; {detail})", time.time())
 
     def _recover(self, reason: str, relaunch_at: float) -> None:
         self.status = "RECOVERING"
@@ -466,6 +495,12 @@ class JobController:
             except Exception as e:  # SkyPilot's loaders reject the YAML: what `sky jobs launch` would refuse
                 self.event("prechecks_failed", error=f"{type(e).__name__}: {e}")
                 return self._finish("FAILED_PRECHECKS", f"{type(e).__name__}: {e}")
+            refusals = [] if self.exec_mode else [r for t in self.tasks if (r := no_launchable_spot(t.task, t.name))]
+            if refusals:  # SkyPilot's optimizer finds no feasible resources: ProvisionPrechecksError, no node started
+                reason = "; ".join(refusals)
+                self.event("no_launchable_resource", error=reason)
+                self.log.say(reason)
+                return self._finish("FAILED_PRECHECKS", reason)
             if not _namespaces_work():
                 self.log.say(NEEDS_NAMESPACES)
                 return self._finish("FAILED_PRECHECKS", NEEDS_NAMESPACES)
@@ -741,12 +776,67 @@ def _on_kubernetes(task: Any) -> bool:
     return any(str(r.cloud).lower() == "kubernetes" for r in (task.resources or ()) if r.cloud is not None)
 
 
-def _max_restarts_on_errors(task: Any) -> int:
+def recovery_executor(task: Any, info: dict[str, Any], index: int) -> Any:
+    """SkyPilot's jobs recovery strategy executor for `task`, made as its jobs controller makes it: the task's
+    `job_recovery` with the launch defaults filled in (sky/utils/dag_utils.py, as `sky jobs launch` does), then
+    `StrategyExecutor.make` (sky/jobs/recovery_strategy.py). Made on a copy holding only the task's resources:
+    make() drops job_recovery from the task it is given, the rehearsal's task keeps its own."""
+    from sky import backends, dag as dag_lib, task as task_lib
+    from sky.jobs import recovery_strategy
+    from sky.utils import dag_utils
+
+    stand_in = task_lib.Task(name=task.name)
+    stand_in.set_resources(type(task.resources)(task.resources))
+    dag = dag_lib.Dag()
+    dag.add(stand_in)
+    dag_utils.fill_default_config_in_dag_for_job_launch(dag)
+    cluster_name = info.get("cluster") or f"{_safe(str(task.name or info['name']))}-{info['job_id']}"
+    return recovery_strategy.StrategyExecutor.make(
+        cluster_name, backends.CloudVmRayBackend(), stand_in, int(info["job_id"]), index, pool=None, starting=set(),
+        starting_lock=asyncio.Lock(), starting_signal=asyncio.Condition())
+
+
+def no_launchable_spot(task: Any, name: str) -> str | None:
+    """Why SkyPilot finds no launchable resource for a task that asks use_spot, or None: every one of its resources
+    asks spot on a cloud whose own feature check (sky/clouds/cloud.py check_features_are_supported, which SkyPilot's
+    optimizer runs on each candidate) refuses SPOT_INSTANCE. A resource that names no cloud, or does not ask spot,
+    is launchable as far as the rehearsal can tell."""
+    refused = []
     for resources in task.resources or []:
-        recovery = getattr(resources, "job_recovery", None)
-        if isinstance(recovery, dict) and recovery.get("max_restarts_on_errors"):
-            return int(recovery["max_restarts_on_errors"])
-    return 0
+        if not resources.use_spot or resources.cloud is None:
+            return None
+        why = _spot_refused(resources)
+        if why is None:
+            return None
+        refused.append(f"asks use_spot on {resources.cloud}: {why}")
+    return f"No launchable resource: task {name} {'; '.join(refused)}" if refused else None
+
+
+def _spot_refused(resources: Any) -> str | None:
+    """SkyPilot's reason the resources' cloud does not offer spot, or None. Offline: on Kubernetes SkyPilot looks for
+    a spot label on the nodes of each kubeconfig context, then for a spot-capable `kubernetes.autoscaler` in its
+    config; the rehearsal sees no cluster, so SkyPilot's check runs with one context whose nodes it cannot list (no
+    spot label) and the config as it is, never touching a cluster or needing the Kubernetes client."""
+    from unittest import mock
+
+    from sky import clouds, exceptions
+    from sky.provision.kubernetes import utils as kubernetes_utils
+
+    feature = clouds.CloudImplementationFeatures.SPOT_INSTANCE
+    try:
+        with mock.patch.object(clouds.Kubernetes, "existing_allowed_contexts",
+                               classmethod(lambda cls, silent=False: [None])), \
+                mock.patch.object(kubernetes_utils, "get_kubernetes_nodes", lambda *args, **kwargs: []):
+            resources.cloud.check_features_are_supported(resources, {feature})
+    except exceptions.NotSupportedError as e:
+        rows = [line.strip() for line in str(e).splitlines()]
+        why = next((row[len(feature.value):].strip() for row in rows if row.startswith(feature.value + " ")), None)
+        why = why or " ".join(" ".join(rows).split())
+        if isinstance(resources.cloud, clouds.Kubernetes):
+            why += (" (rehearsal: no cluster's nodes seen; SkyPilot allows spot on Kubernetes only on nodes with a "
+                    "spot label or with a spot-capable kubernetes.autoscaler in its config)")
+        return why
+    return None
 
 
 def _gpus_per_node(task: Any) -> int:

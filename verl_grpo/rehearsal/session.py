@@ -20,7 +20,7 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.local_paths import state_dir
-from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_AT
+from verl_grpo.rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_PREEMPT_AT
 
 BUCKET = "verl-grpo-rehearsal"
 DEFAULT_ACCELERATORS = "H100:1"
@@ -48,8 +48,9 @@ def rehearsal_overrides(cfg: RunConfig, root: Path, store_endpoint: str | None) 
 
 @contextmanager
 def rehearsal_session(cfg: RunConfig, preempt_at: Sequence[int] = (), fail_at: int | None = None,
-                      root: Path | None = None) -> Iterator[Session]:
-    """Set up a rehearsal for cfg (the config as the user gave it) and tear everything down afterwards."""
+                      root: Path | None = None, driver: str | None = None) -> Iterator[Session]:
+    """Set up a rehearsal for cfg (the config as the user gave it) and tear everything down afterwards. `driver`: the
+    NVIDIA driver version its GPU nodes report (`nvidia-smi`), else the rehearsal's default."""
     from verl_grpo.rehearsal import sky_boundary
 
     root = root or state_dir() / "rehearsals" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -57,6 +58,8 @@ def rehearsal_session(cfg: RunConfig, preempt_at: Sequence[int] = (), fail_at: i
     env = {ENV_DIR: str(root / "sky"), ENV_PREEMPT_AT: ",".join(str(s) for s in sorted(set(preempt_at)))}
     if fail_at is not None:
         env[ENV_FAIL_AT] = str(fail_at)
+    if driver is not None:
+        env[ENV_DRIVER] = driver
     server = None
     if not cfg.storage.uri.startswith("s3://"):
         server, endpoint = _serve_s3()

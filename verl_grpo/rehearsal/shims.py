@@ -1,4 +1,5 @@
-"""Commands on a rehearsal node's PATH that stand in for what needs GPUs or the network: python, pip and uv.
+"""Commands on a rehearsal node's PATH that stand in for what needs GPUs or the network: python, pip and uv (and
+nvidia-smi, on the nodes of a task that asks for accelerators only: a CPU node has none).
 
 Stood in: `python -m verl.trainer.main_ppo` and the rollout group's `python -m
 verl_grpo.trainers.verl.fully_async_entry`
@@ -27,7 +28,7 @@ from packaging.utils import canonicalize_name
 
 from verl_grpo.dependency_closure import resolve
 from verl_grpo.pip_args import install_args
-from verl_grpo.rehearsal import DEFAULT_MAIN_PPO, ENV_MAIN_PPO, ENV_ON_NODE, node_env
+from verl_grpo.rehearsal import DEFAULT_DRIVER, DEFAULT_MAIN_PPO, ENV_DRIVER, ENV_MAIN_PPO, ENV_ON_NODE, node_env
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
 FULLY_ASYNC_ENTRY = "verl_grpo.trainers.verl.fully_async_entry"
@@ -36,12 +37,19 @@ FULLY_ASYNC_STANDIN = "verl_grpo.rehearsal.fully_async_cpu"
 GPU_ONLY = frozenset(canonicalize_name(n) for n in (
     "vllm", "sglang", "sgl-kernel", "flash-attn", "flash_attn", "flashinfer", "flashinfer-python", "xformers"))
 """Packages that only build/run with CUDA: missing here is expected, the rehearsal stands in for them."""
+GPU_STACK = frozenset(canonicalize_name(n) for n in ("torch", "torchvision", "torchaudio", "transformers"))
+"""Packages whose version the GPU nodes' stack fixes (verl[vllm]==0.9.1 pins torch 2.11.0, CUDA 13, and transformers
+5.9.0): a pin this CPU rehearsal cannot match runs with this machine's version and says so."""
 GPU_EXTRAS = frozenset(("vllm", "sglang", "gpu", "flash-attn", "flashinfer"))
 """Extras (of e.g. verl) that pull GPU-only packages."""
 STANDINS_FILE = Path("/tmp/.verl_grpo_rehearsal_standins")
 """On a rehearsal node (its own /tmp): the GPU-only packages setup installed, as stood in, one name a line. What
 the node's code would find installed on a GPU node; the trainer stand-in reads it (e.g. flash-attn)."""
 SHIM_NAMES = ("python", "python3", "pip", "uv")
+GPU_SHIMS = "gpu"
+"""Subdirectory of the shims dir with the GPU tools' stand-ins (`nvidia-smi`): on PATH only on a GPU task's nodes."""
+NVIDIA_SMI_QUERY = ("--query-gpu=driver_version", "--format=csv,noheader")
+"""The one nvidia-smi command line stood in (the arguments in any order): the driver version, one line per GPU."""
 SHIMMED_TOOLS = frozenset(("uv",))
 """Tools setup installs to run them next; on a rehearsal node the shim of the same name stands in for them, so this
 interpreter need not have them (a clean checkout's venv has no uv)."""
@@ -59,6 +67,30 @@ def write_shims(shims_dir: Path, real_python: str, package_root: Path) -> None:
             "from verl_grpo.rehearsal.shims import main\n"
             f"sys.exit(main({name!r}, sys.argv[1:], {real_python!r}))\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    gpu = shims_dir / GPU_SHIMS
+    gpu.mkdir(exist_ok=True)
+    smi = gpu / "nvidia-smi"
+    smi.write_text(nvidia_smi_script())
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def nvidia_smi_script() -> str:
+    """`nvidia-smi` of a rehearsal GPU node (bash: it runs in every setup's driver check): answers only
+    NVIDIA_SMI_QUERY, with the rehearsed driver ($VERL_GRPO_REHEARSAL_DRIVER, else DEFAULT_DRIVER) once per GPU of the
+    node ($SKYPILOT_NUM_GPUS_PER_NODE, at least 1); says on stderr that it stands in."""
+    a, b = NVIDIA_SMI_QUERY
+    return f"""#!/bin/bash
+# rehearsal: stands in for nvidia-smi on a GPU node (verl_grpo/rehearsal/shims.py)
+driver="${{{ENV_DRIVER}:-{DEFAULT_DRIVER}}}"
+echo "rehearsal: nvidia-smi stands in (driver $driver)" >&2
+if ! {{ [ $# = 2 ] && {{ [ "$1 $2" = "{a} {b}" ] || [ "$2 $1" = "{a} {b}" ]; }}; }}; then
+  echo "rehearsal: nvidia-smi $*: not stood in (only nvidia-smi {a} {b})" >&2
+  exit 2
+fi
+gpus="${{SKYPILOT_NUM_GPUS_PER_NODE:-1}}"
+case "$gpus" in ''|*[!0-9]*|0) gpus=1 ;; esac
+for ((i = 0; i < gpus; i++)); do echo "$driver"; done
+"""
 
 
 def main(command: str, args: list[str], real_python: str) -> int:
@@ -311,6 +343,9 @@ def _check_requirement(spec: str) -> list[str]:
     if req.specifier and not req.specifier.contains(installed, prereleases=True):
         if gpu_only:
             return _stood_in(spec, name, f"{installed} installed")
+        if name in GPU_STACK:
+            _say(f"{spec}: the GPU nodes' version; this CPU rehearsal runs {installed}, the version installed here")
+            return []
         _say(f"{spec}: version mismatch, {installed} installed")
         return [f"{spec} does not match the installed {req.name} {installed}"]
     failures = [f for extra in sorted(req.extras) for f in _check_extra(req.name, extra)]

@@ -27,14 +27,15 @@ from verl_grpo.providers.skypilot.boundary import (
     catalog_offers,
     catalog_region_prices,
     check_recovery_strategy,
+    kubernetes_spot_label,
     load_job_group,
     load_task,
 )
-from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
+from verl_grpo.rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
 
 __all__ = [
     "JobRecord", "cancel", "cancel_cluster_job", "catalog_dir", "catalog_offers", "catalog_region_prices",
-    "check_recovery_strategy",
+    "check_recovery_strategy", "kubernetes_spot_label",
     "cluster_queue", "cluster_status", "create_cluster", "exec_on_cluster", "is_no_cloud_access", "launch_managed",
     "load_job_group", "load_task", "queue", "stop_all", "summary", "tail_cluster_logs", "tail_logs",
 ]
@@ -117,6 +118,7 @@ def _submit(base: Path, yaml_str: str, name: str, secrets: Mapping[str, str], ex
     _write_json(path / "job.json", {
         "job_id": job_id, "name": name, "submitted_at": time.time(), "preempt_at": preempt_at,
         "fail_at": os.environ.get(ENV_FAIL_AT), "main_ppo": os.environ.get(ENV_MAIN_PPO),
+        "driver": os.environ.get(ENV_DRIVER) or None,
         "state_dir": str(state_dir()), **extra})
     status = "PENDING"
     _write_json(path / "state.json", {"status": status, "recovery_count": 0, "failure_reason": None})

@@ -95,7 +95,7 @@ def check_driver(yamls: Mapping[str, str]) -> list[str]:
         setup = task.get("setup") or ""
         check_at = setup.find("nvidia-smi --query-gpu=driver_version")
         install_at = setup.find("pip install")
-        checked = check_at >= 0 and f"-ge {MIN_DRIVER.split('.')[0]}" in setup
+        checked = check_at >= 0 and f"sort -V | head -n1)\" != {MIN_DRIVER}" in setup
         if not checked or 0 <= install_at < check_at:
             raise ConfigError(f"task {label} installs torch {TORCH_VERSION} (CUDA {TORCH_CUDA}) without first checking "
                               f"the node's NVIDIA driver is >= {MIN_DRIVER}: on an older driver the first CUDA call "

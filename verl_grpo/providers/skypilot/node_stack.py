@@ -29,17 +29,16 @@ TRANSFORMERS_PIN = f"transformers=={TRANSFORMERS_VERSION}"
 
 
 def driver_check() -> list[str]:
-    """Setup lines, before anything large downloads: the node's NVIDIA driver (nvidia-smi) is new enough for the
-    torch the setup installs, else setup fails in one line naming both (a deterministic failure: not restarted)."""
-    major = MIN_DRIVER.split(".")[0]
+    """Setup lines, before anything large downloads: the node's NVIDIA driver (nvidia-smi) is at least MIN_DRIVER
+    (compared as versions, `sort -V`), else setup fails in one line naming both (a deterministic failure: exit 1,
+    not restarted)."""
     need = (f"torch {TORCH_VERSION} (verl[vllm]=={VERL_VERSION}'s pin) is built for CUDA {TORCH_CUDA}, which needs "
             f"NVIDIA driver >= {MIN_DRIVER}")
     return [
         'DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 || true)',
-        'case "${DRIVER%%.*}" in ""|*[!0-9]*) DRIVER_MAJOR=0 ;; *) DRIVER_MAJOR="${DRIVER%%.*}" ;; esac',
-        f'[ "$DRIVER_MAJOR" -ge {major} ] || {{ echo "driver check: this node\'s NVIDIA driver is '
-        f'${{DRIVER:-missing (nvidia-smi found none)}}, but {need}: use a node image or node pool with an R{major}+ '
-        f'driver" >&2; exit 1; }}',
+        f'if [ -z "$DRIVER" ] || [ "$(printf "%s\\n" {MIN_DRIVER} "$DRIVER" | sort -V | head -n1)" != {MIN_DRIVER} ]; '
+        f'then echo "driver check: this node\'s NVIDIA driver is ${{DRIVER:-missing (nvidia-smi found none)}}, but '
+        f'{need}: use a node image or node pool with an R{MIN_DRIVER.split(".")[0]}+ driver" >&2; exit 1; fi',
         f'echo "driver check: NVIDIA driver $DRIVER (>= {MIN_DRIVER} for torch {TORCH_VERSION}, CUDA {TORCH_CUDA})"',
     ]
 
