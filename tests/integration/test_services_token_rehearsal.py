@@ -57,22 +57,25 @@ def rehearsal(tmp_path, monkeypatch):
 
 
 def _job_group(cfg, token_env: str, port: int) -> str:
-    """A job group shaped as the rendered one: the rendered setup (the node's venv with the cluster packages), the
-    reward-server's own `serve` command bound to the node's IP and the trainer reaching it at
-    `reward-server-0.<group>`, the token declared by name under `secrets:`."""
+    """A job group shaped as the rendered one: the rendered setups (the reward-server's service packages, the
+    trainer's cluster packages), the reward-server's own `serve` command bound to the node's IP and the trainer
+    reaching it at `reward-server-0.<group>`, the token declared by name under `secrets:`."""
     spec = SERVICES["reward"]
     secrets = {token_env: None}
-    setup = "\n".join(["set -euo pipefail", *templates.venv_setup(templates.cluster_packages(cfg, "vllm"))])
-    venv = {"envs": {templates.VENV_ENV: templates.REMOTE_VENV}, "setup": setup}
+    def venv(packages: list[str]) -> dict:  # these tasks ask no GPU: no driver check, as a CPU node's setup
+        setup = "\n".join(["set -euo pipefail", *templates.venv_setup(packages, gpu=False)])
+        return {"envs": {templates.VENV_ENV: templates.REMOTE_VENV}, "setup": setup}
     activate = f'. "${templates.VENV_ENV}/bin/activate"\n'
 
     header = {"name": GROUP, "execution": "parallel", "inter_connection": True, "primary_tasks": ["trainer"],
               "termination_delay": "1s"}
-    server = {"name": spec.task, "workdir": str(REPO), "secrets": secrets, **venv,
+    server = {"name": spec.task, "workdir": str(REPO), "secrets": secrets,
+              **venv(templates.service_packages("reward", cfg)),
               "run": f"{activate}{templates.NODE_IP_LINE}\n"
                      f"python -m {spec.module} serve --host \"$NODE_IP\" --port {port} "
                      f"--token-env {token_env} --exit-with-parent"}
-    trainer = {"name": "trainer", "workdir": str(REPO), "secrets": secrets, **venv,
+    trainer = {"name": "trainer", "workdir": str(REPO), "secrets": secrets,
+               **venv(templates.cluster_packages(cfg, "vllm")),
                "run": f'{activate}export {spec.url_env}="http://{spec.task}-0.${{SKYPILOT_JOBGROUP_NAME}}:{port}"\n'
                       f"cat > /tmp/reach.py <<'EOF'\n{TRAINER}EOF\npython /tmp/reach.py"}
     return "\n---\n".join(json.dumps(doc) for doc in (header, server, trainer))
