@@ -66,20 +66,21 @@ def test_todays_rendered_tasks_pass_every_check_and_name_each_decision(shipped):
     assert "dashboard agent on 52366" in text
 
 
-def _setup_of(text: str, task: str, new_setup) -> str:
+def _edit_task(text: str, task: str, edit) -> str:
+    """The YAML with `edit(doc)` applied to the task named `task`."""
     docs = list(yaml.safe_load_all(text))
     for doc in docs:
         if isinstance(doc, dict) and doc.get("name") == task:
-            doc["setup"] = new_setup(doc["setup"])
+            edit(doc)
     return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _setup_of(text: str, task: str, new_setup) -> str:
+    return _edit_task(text, task, lambda doc: doc.update(setup=new_setup(doc["setup"])))
 
 
 def _env_of(text: str, task: str, key: str, value: str) -> str:
-    docs = list(yaml.safe_load_all(text))
-    for doc in docs:
-        if isinstance(doc, dict) and doc.get("name") == task:
-            doc["envs"][key] = value
-    return yaml.safe_dump_all(docs, sort_keys=False)
+    return _edit_task(text, task, lambda doc: doc["envs"].update({key: value}))
 
 
 TRAINER_INSTALL = "uv pip install 'verl[vllm]==0.9.1' transformers==5.9.0"
