@@ -10,8 +10,11 @@ registry, the accelerators of both against SkyPilot's catalog (local copy, `~/.s
 GPU memory estimate (`check_gpu_memory`: an OOM is the failure a local rehearsal cannot reproduce), each task's imports
 against what its setup installs (`node_imports`), the run's own reward function shipped, imported in the nodes'
 package set and scoring a sample row (`reward_check`), and the attention backend against what the nodes install
-(`check_attention`). infra.spot is
-turned off, with a warning, where no catalog offer sells spot (checks.spot_choice, as the provider does).
+(`check_attention`), and what each rendered task asks of SkyPilot and its nodes (`launch_policy`: spot as decided,
+restarts only for transient exits, the driver check, one transformers on every GPU task, CPU services without the
+CUDA stack, no tracking URI, SkyPilot's uv, Ray's ports, NCCL/Gloo's interface). infra.spot is turned off, with a
+warning, where the placement has no spot (Kubernetes without a spot autoscaler, every job or rollout group) or no
+catalog offer sells it (checks.spot_choice, as the provider does).
 """
 
 from __future__ import annotations
