@@ -212,3 +212,12 @@ def test_nccl_finds_the_interface_holding_the_nodes_ip():
     assert interface_of("127.0.0.1") == "lo"
     assert interface_of("203.0.113.254") is None
     assert os.path.exists("/proc/net/dev")
+
+
+def test_setup_uses_the_uv_skypilot_installs_on_every_node():
+    from sky.skylet import constants
+
+    from verl_grpo.providers.skypilot.node_stack import SKY_UV_DIR
+
+    assert constants.SKY_UV_INSTALL_DIR.strip('"') == SKY_UV_DIR
+    assert f'export PATH="{SKY_UV_DIR}:$PATH"' in "\n".join(templates.venv_setup(["pyyaml"], gpu=False))

@@ -228,6 +228,7 @@ class TaskRun:
             state.mkdir(parents=True, exist_ok=True)
             for sub in ("home", "tmp"):
                 (root / sub).mkdir(parents=True, exist_ok=True)
+            _install_sky_uv(root / "home", self.job.path / "shims")
             self.nodes.append(Node(self, rank, state, root))
         for node in self.nodes:
             self._prepare(node)
@@ -764,6 +765,15 @@ class HostView:
 
 class MountWithoutCredentials(RuntimeError):
     """A bucket mount SkyPilot would have no credentials for on the task's cloud."""
+
+
+def _install_sky_uv(home: Path, shims: Path) -> None:
+    """What SkyPilot's runtime setup leaves on every node it provisions: its own uv under ~/.local/bin
+    (sky/skylet/constants.py SKY_UV_INSTALL_DIR), here the uv shim."""
+    uv = home / ".local" / "bin" / "uv"
+    if not uv.exists():
+        uv.parent.mkdir(parents=True, exist_ok=True)
+        uv.symlink_to(shims / "uv")
 
 
 def _pinned_cloud(task: Any) -> str | None:

@@ -204,8 +204,9 @@ def spot_choice(cfg: RunConfig, sky: ModuleType) -> SpotChoice:
         return SpotChoice(False, why, f"infra.spot=true but {why}: launching on-demand (if your cluster's "
                                       "autoscaler provisions spot nodes, set kubernetes.autoscaler: gke or karpenter "
                                       "in ~/.sky/config.yaml; set infra.spot=false to silence this)")
-    from verl_grpo.providers.skypilot.cost import available_catalog_clouds
+    from verl_grpo.providers.skypilot.cost import available_catalog_clouds, seed_catalog_cache
 
+    seed_catalog_cache(sky)  # the shipped catalog copy, where SkyPilot's cache has none (offline machines)
     name, _, count = cfg.infra.accelerators.partition(":")
     try:
         n = int(float(count or 1))

@@ -149,8 +149,8 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
             report.costs = costs
             report.checks.append(f"{cfg.infra.accelerators} exists in the SkyPilot catalog "
                                  f"({', '.join(report.costs.clouds)})")
-    if cfg.infra.accelerators:
-        checks.run(check_eval_task, cfg, boundary, env, report.yamls)
+    if cfg.infra.accelerators:  # its GPUs looked up only once infra.accelerators' were found (one line per cause)
+        checks.run(check_eval_task, cfg, boundary, env, report.yamls, report.costs is not None)
     checks.run(check_node_imports, report.yamls)
     if spot is not None:
         checks.run(check_spot, report.yamls, spot)
@@ -255,9 +255,10 @@ def _check_recovery_strategy(cfg: RunConfig, boundary: ModuleType) -> str:
     return f"recovery strategy {cfg.skypilot.recovery_strategy} is registered in SkyPilot"
 
 
-def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str]) -> list[str]:
-    """Render the held-out eval task into yamls["eval"], load it with SkyPilot and, off Kubernetes (no catalog sells
-    a cluster's capacity), find its GPUs in the catalog."""
+def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str], yamls: dict[str, str],
+                    catalog: bool = True) -> list[str]:
+    """Render the held-out eval task into yamls["eval"], load it with SkyPilot and, with `catalog` and off Kubernetes
+    (no catalog sells a cluster's capacity), find its GPUs in the catalog."""
     store = Store.from_config(cfg.storage)
     spec_uri = store.url(eval_spec(DRY_RUN_ID, cfg.eval.split))
     # A module's place on the nodes is the training plan's check; only a file ships, and the eval fetches it.
@@ -270,7 +271,7 @@ def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str]
     except Exception as e:
         raise ConfigError(f"SkyPilot rejected the rendered eval YAML: {e}") from e
     loads = f"SkyPilot loads the eval YAML ({_describe(loaded)})"
-    if on_kubernetes(cfg):
+    if on_kubernetes(cfg) or not catalog:
         return [loads]
     accelerators, gpus = templates.eval_accelerators(cfg)
     field = "skypilot.eval_accelerators" if cfg.skypilot.eval_accelerators else "infra.accelerators × verl.rollout_tp"
