@@ -128,7 +128,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     if spot is not None:
         report.warnings += [spot.warning] if spot.warning else []
         cfg = cfg.model_copy(update={"infra": cfg.infra.model_copy(update={"spot": spot.spot})})
-    if cfg.infra.accelerators and on_kubernetes(cfg):
+    if cfg.infra.accelerators and cloud_is_kubernetes(cfg):
         if cfg.skypilot.kubernetes_prices:
             report.costs = checks.run(estimate_kubernetes_cost, cfg, line=False)
             report.checks.append("cost: priced from skypilot.kubernetes_prices (your cluster's rates; no catalog "
@@ -143,7 +143,7 @@ def dry_run(cfg: RunConfig, boundary: ModuleType | None = None, env: Mapping[str
     if cluster is not None:
         checks.run(_render_training, cfg, boundary, env, cluster, check_reward, report)
     checks.run(_check_recovery_strategy, cfg, boundary)
-    if cfg.infra.accelerators and not on_kubernetes(cfg):
+    if cfg.infra.accelerators and not cloud_is_kubernetes(cfg):
         costs = checks.run(estimate_cost, cfg, boundary, line=False)
         if costs is not None:
             report.costs = costs
@@ -271,7 +271,7 @@ def check_eval_task(cfg: RunConfig, boundary: ModuleType, env: Mapping[str, str]
     except Exception as e:
         raise ConfigError(f"SkyPilot rejected the rendered eval YAML: {e}") from e
     loads = f"SkyPilot loads the eval YAML ({_describe(loaded)})"
-    if on_kubernetes(cfg) or not catalog:
+    if cloud_is_kubernetes(cfg) or not catalog:
         return [loads]
     accelerators, gpus = templates.eval_accelerators(cfg)
     field = "skypilot.eval_accelerators" if cfg.skypilot.eval_accelerators else "infra.accelerators × verl.rollout_tp"
@@ -353,7 +353,9 @@ def check_gpu_memory(cfg: RunConfig) -> str:
             f"{total} GiB per {gpu}")
 
 
-def on_kubernetes(cfg: RunConfig) -> bool:
+def cloud_is_kubernetes(cfg: RunConfig) -> bool:
+    """skypilot.cloud=kubernetes: the run is priced from skypilot.kubernetes_prices, not a catalog (a group shape with
+    no cloud pinned lands on Kubernetes too, checks.on_kubernetes, but is priced from the catalog's VM clouds)."""
     return (cfg.skypilot.cloud or "").lower() == "kubernetes"
 
 
@@ -365,11 +367,11 @@ def check_placement(cfg: RunConfig) -> str:
     if sp.shape == "multinode":
         return (f"placement: one cluster of {cluster_nodes(cfg)} node(s), which find each other by "
                 "SKYPILOT_NODE_IPS (no hostname discovery needed)")
-    if sp.cloud and not on_kubernetes(cfg):
+    if sp.cloud and not cloud_is_kubernetes(cfg):
         raise ConfigError(f"skypilot.shape={sp.shape} reaches its services by job-group hostnames, which SkyPilot "
                           f"gives only on Kubernetes, not on skypilot.cloud={sp.cloud}; set "
                           "skypilot.cloud=kubernetes or use skypilot.shape=multinode")
-    if on_kubernetes(cfg):
+    if cloud_is_kubernetes(cfg):
         return "placement: Kubernetes (job-group hostnames for the services; inter_connection: true)"
     return ("placement: Kubernetes only (inter_connection: true: SkyPilot refuses any other cloud before "
             "provisioning); the cost table below prices the catalog's VM clouds, not your cluster")

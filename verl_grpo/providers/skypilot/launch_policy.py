@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
@@ -125,8 +127,7 @@ def check_services(yamls: Mapping[str, str]) -> list[str]:
     for label, task in tasks(yamls):
         if _on_gpu(task) or not isinstance(_resources(task).get("cpus"), str | int):
             continue
-        requirements = setup_requirements(task.get("setup") or "")
-        names = [re.split(r"[\[<>=!~ ;@]", r, maxsplit=1)[0].lower() for r in requirements]
+        names = [canonicalize_name(Requirement(r).name) for r in setup_requirements(task.get("setup") or "")]
         heavy = sorted({n for n in names if n in CUDA_STACK})
         if heavy:
             raise ConfigError(f"CPU service task {label} installs {', '.join(heavy)}, the GPU trainer's CUDA stack it "
