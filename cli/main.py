@@ -186,8 +186,7 @@ def train(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | No
 @_user_errors
 def evaluate(configs: tuple[str, ...], overrides: tuple[str, ...], model_uri: str | None, run_id: str | None) -> None:
     """Held-out evaluation; prints the metrics."""
-    from verl_grpo import plain_steps
-    from verl_grpo.evaluate import held_out
+    from verl_grpo import held_out, plain_steps
 
     cfg = _load(configs, overrides)
     dataset = plain_steps.prepare(cfg)
@@ -208,7 +207,7 @@ def register(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str) 
     from verl_grpo import plain_steps
     from verl_grpo.chain import ResolvedRun
     from verl_grpo.contracts import EvalReport
-    from verl_grpo.evaluate.held_out import evaluate_base
+    from verl_grpo.held_out import evaluate_base
     from verl_grpo.store import Store
     from verl_grpo.store_layout import eval_report
 
@@ -309,28 +308,13 @@ def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str 
 
 def _rehearse(configs: tuple[str, ...], overrides: tuple[str, ...], cfg, preempt_at: tuple[int, ...],
               fail_at: int | None, run_id: str | None = None, fresh: bool = False) -> None:
-    """The real flow on the local rehearsal of SkyPilot; prints what it exercised, also when the run fails."""
-    from verl_grpo.providers.skypilot.dry_run import dry_run as sky_dry_run
-    from verl_grpo.rehearsal.report import rehearsal_report
-    from verl_grpo.rehearsal.session import rehearsal_session
+    """The real flow on the local rehearsal of SkyPilot (the `rehearsal` extra, found by its entry point)."""
+    from verl_grpo.plugins import entry_point
 
-    with rehearsal_session(cfg, preempt_at, fail_at) as session:
-        overrides = (*overrides, *session.overrides)
-        cfg = _load(configs, overrides)
-        dry = sky_dry_run(cfg)  # fail-before-spend runs first, as for a real launch
-        click.echo("\n".join(["Dry run checks passed:", *(f"  - {c}" for c in dry.checks)]))
-        if cfg.skypilot.cluster:
-            from verl_grpo.rehearsal import sky_boundary
-
-            sky_boundary.create_cluster(cfg.skypilot.cluster)
-        summary, error = None, None
-        try:
-            summary = _run_flow(configs, overrides, run_id, fresh)
-        except Exception as e:  # the report says what ran before the failure; the error is re-raised below
-            error = e
-        click.echo(rehearsal_report(session, cfg, dry.costs, summary))
-    if error is not None:
-        raise error
+    rehearse = entry_point("verl_grpo.launch", "rehearse",
+                           "--rehearse needs the rehearsal extra: pip install 'verl-grpo[rehearsal]'")
+    summary, cfg = rehearse(cfg, overrides, preempt_at, fail_at, load=lambda o: _load(configs, tuple(o)),
+                            run_flow=lambda o: _run_flow(configs, tuple(o), run_id, fresh), echo=click.echo)
     _print_where_to_look(summary, cfg)
 
 

@@ -10,11 +10,11 @@ from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner
 
 from tasks.policy import RETRIED_STEP
+from verl_grpo import held_out
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import DatasetVersion, EvalReport
-from verl_grpo.evaluate import held_out
-from verl_grpo.evaluate.held_out import EvalTarget, RunModel, WarmStartModel
 from verl_grpo.evaluate.runner import EvalShard
+from verl_grpo.held_out import EvalTarget, RunModel, WarmStartModel
 
 
 @task(name="evaluate", **RETRIED_STEP)

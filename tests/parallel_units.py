@@ -17,7 +17,7 @@ them to a file in a directory the controller made (`UNITS_DIR_ENV`); the control
 `xdist_group` mark relies on rewriting `item._nodeid`, which pytest 9 no longer reads.)
 
 Parallel rehearsals are safe because each rehearsal job has its own network namespace
-(`verl_grpo/rehearsal/network.py`); the local provider's services and every test server bind free ports.
+(`verl_grpo_rehearsal/network.py`); the local provider's services and every test server bind free ports.
 """
 
 from __future__ import annotations

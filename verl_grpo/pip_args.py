@@ -1,7 +1,7 @@
 """The arguments of a `pip install` / `uv pip install` command line, read offline: which words are options, which are
 their values and which are requirements or paths.
 
-Shared by the SkyPilot provider's node-import check (`providers.skypilot.node_imports`) and the rehearsal's pip/uv
+Shared by the SkyPilot provider's node-import check (`node_imports`) and the rehearsal's pip/uv
 shims (`rehearsal.shims`); standard library only, as the shims import it at every stood-in python start.
 """
 

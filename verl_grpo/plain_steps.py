@@ -15,6 +15,7 @@ from verl_grpo import runs
 from verl_grpo.chain import Evals, Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, RunCost, TrainResult
+from verl_grpo.data.task_check import check_task
 from verl_grpo.errors import Preempted, error_class
 from verl_grpo.local_paths import ensure_local_dirs, ensure_state_dir
 from verl_grpo.providers.base import LineSink
@@ -52,31 +53,6 @@ def prepare_local_state(cfg: RunConfig, data: bool = False) -> None:
     ensure_local_dirs({"storage.uri": cfg.storage.uri, "tracking.mlflow_uri": cfg.tracking.mlflow_uri})
     if data:
         check_task(cfg)
-
-
-def check_task(cfg: RunConfig) -> str:
-    """The run's data and reward, checked before anything starts (one line naming the setting otherwise): the data
-    mirror holds the dataset, the user's files read (every row parsed, the keys found), the reasoning-gym generators
-    exist, the user's reward function imports. Returns what was checked."""
-    from verl_grpo.data import builder_for
-    from verl_grpo.data.sources import check_mirror
-    from verl_grpo.rewards.user_reward import UserReward
-
-    builder = builder_for(cfg.dataset)
-    if builder.load is not None:
-        source = builder.load(cfg.dataset, cfg.storage.endpoint_url)
-        checked = f"{source.description} ({len(source.read_records())} rows read)" if cfg.dataset.name == "custom" \
-            else source.description
-    elif cfg.dataset.source != "hub":
-        missing = check_mirror(cfg.dataset, builder)
-        checked = f"{cfg.dataset.name} mirror" + (f" (lacks {', '.join(missing)}: the hub is tried)" if missing else "")
-    else:
-        checked = f"{cfg.dataset.name} from the hub"
-    user = UserReward.of(cfg)
-    if user is not None:
-        user.check()
-        checked += f"; reward {user.label} imports"
-    return checked
 
 
 def prepare(cfg: RunConfig) -> DatasetVersion:
@@ -139,7 +115,7 @@ def register(run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, eva
              tags: dict[str, str] | None = None) -> ModelVersion:
     """MLflow run + registered model version (idempotent); the champion is re-evaluated first when tonight's eval
     settings differ from its own."""
-    from verl_grpo.evaluate.held_out import evaluate_champion
+    from verl_grpo.held_out import evaluate_champion
     from verl_grpo.registry import champion_needs_reeval, register_run
 
     cfg = run.cfg
@@ -189,7 +165,7 @@ class PlainSteps:
         return train(run, dataset, cluster, on_line=self.on_line)
 
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
-        from verl_grpo.evaluate.held_out import (
+        from verl_grpo.held_out import (
             evaluate_base,
             evaluate_cached_model,
             evaluate_trained,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
+from verl_grpo.data.task_check import data_check
 from verl_grpo.errors import ConfigError, VerlGrpoError
 from verl_grpo.local_paths import model_cache_dir
 from verl_grpo.models import MODEL_ALIASES, SMOLLM2_DIRNAME, SMOLLM2_HF_ID
@@ -26,25 +27,8 @@ def validate_run(cfg: RunConfig) -> list[Check]:
 
 
 def check_data(cfg: RunConfig) -> Check:
-    from verl_grpo.data import builder_for
-    from verl_grpo.data.sources import mirror_knob, missing_mirror_message, resolve_mirror_dir
-    from verl_grpo.plain_steps import check_task
-
-    if builder_for(cfg.dataset).load is not None or cfg.reward.path:  # the user's files, a generator, a reward
-        try:
-            return Check("data", True, check_task(cfg))
-        except VerlGrpoError as e:
-            return Check("data", False, str(e))
-    folder = resolve_mirror_dir(cfg.dataset)
-    files = builder_for(cfg.dataset).mirror_files
-    missing = [f for f in files if not (folder / f).is_file()]
-    if cfg.dataset.source == "hub":
-        return Check("data", True, f"source hub ({cfg.dataset.hub_id or 'default id'}); needs network at prepare time")
-    if not missing:
-        return Check("data", True, f"mirror {folder}")
-    if cfg.dataset.source == "auto" and not mirror_knob(cfg.dataset):
-        return Check("data", True, f"mirror {folder} lacks {', '.join(missing)}; will try the Hugging Face hub")
-    return Check("data", False, missing_mirror_message(cfg.dataset, folder, files, missing))
+    ok, detail = data_check(cfg)
+    return Check("data", ok, detail)
 
 
 def check_model(cfg: RunConfig) -> Check:

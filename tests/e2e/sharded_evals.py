@@ -11,7 +11,7 @@ import pandas as pd
 from verl_grpo.config import load_config
 from verl_grpo.contracts import EvalReport
 from verl_grpo.evaluate import evaluate_model
-from verl_grpo.evaluate.held_out import warm_start_model
+from verl_grpo.held_out import warm_start_model
 from verl_grpo.models import resolve_model
 from verl_grpo.plain_steps import prepare
 from verl_grpo.store import Store

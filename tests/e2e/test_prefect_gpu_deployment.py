@@ -28,8 +28,8 @@ from prefect_serving import served_prefect
 from tasks.train import CLOUD_TRAIN_CONCURRENCY_TAG, TRAIN_CONCURRENCY_TAG
 from verl_grpo.config import load_config
 from verl_grpo.registry.tracking import RUN_ID_TAG
-from verl_grpo.rehearsal import sky_boundary
-from verl_grpo.rehearsal.session import BUCKET, rehearsal_session
+from verl_grpo_rehearsal import sky_boundary
+from verl_grpo_rehearsal.session import BUCKET, rehearsal_session
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -34,6 +34,8 @@ from ports import free_sky_api_port
 from prefect_template import seed_prefect_home
 from sky_home import sky_home
 
+from verl_grpo_rehearsal import launch_env
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,8 +205,7 @@ def test_every_command_of_the_gpu_section_runs(shell, s3_server):
     assert rehearsal.returncode == 0 and not re.search(r"^Traceback", out, flags=re.MULTILINE), f"{rehearse} ({FORMS['rehearse']}):\n{out[-4000:]}"
     assert "preempted at step 2" in out and "ended SUCCEEDED" in out, out[-4000:]
     run_id = re.search(r"^  run id +(\S+)", out, flags=re.MULTILINE)[1]
-    on_rehearsal = {"VERL_GRPO_REHEARSAL_DIR": str(Path(re.search(r"state in (\S+)\):", out)[1]) / "sky"),
-                    "RUN_ID": run_id}
+    on_rehearsal = {**launch_env(str(Path(re.search(r"state in (\S+)\):", out)[1]) / "sky")), "RUN_ID": run_id}
     for command, form in zip(commands, forms):
         if form == "verl-grpo jobs":
             check_jobs_output(command, shell.ok(command, form, **on_rehearsal), run_id)
@@ -265,9 +266,10 @@ def check_env_launch(shell: Shell, command: str, dry_run_output: str | None) -> 
 def test_jobs_cancel_cancels_the_live_job_of_a_run(tmp_path, monkeypatch):
     """`verl-grpo jobs cancel --run-id` on a live job (the section's own run has ended by then): the rehearsal's
     controller ends it CANCELLED, and `jobs queue` lists it so."""
-    from verl_grpo.rehearsal import ENV_DIR, sky_boundary
+    from verl_grpo_rehearsal import launch_env, sky_boundary
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path / "sky"))
+    for var, value in launch_env(str(tmp_path / "sky")).items():
+        monkeypatch.setenv(var, value)
     job_id = sky_boundary.launch_managed('{"name": "t", "run": "sleep 300"}', "verl-grpo-readme-live", {}, False)
     try:
         env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -20,9 +20,9 @@ import pytest
 from prefect_template import seed_prefect_home, seeded_test_harness
 
 from verl_grpo.config import load_config
-from verl_grpo.rehearsal import sky_boundary
-from verl_grpo.rehearsal.session import rehearsal_session
 from verl_grpo.store import Store
+from verl_grpo_rehearsal import sky_boundary
+from verl_grpo_rehearsal.session import rehearsal_session
 
 pytestmark = pytest.mark.e2e
 

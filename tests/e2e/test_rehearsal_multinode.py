@@ -21,9 +21,9 @@ from verl_grpo import plain_steps
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
 from verl_grpo.data.prepare import load_split
-from verl_grpo.rehearsal import sky_boundary
-from verl_grpo.rehearsal.session import rehearsal_session
 from verl_grpo.store import Store
+from verl_grpo_rehearsal import sky_boundary
+from verl_grpo_rehearsal.session import rehearsal_session
 
 pytestmark = pytest.mark.e2e
 

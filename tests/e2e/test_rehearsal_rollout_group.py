@@ -14,9 +14,9 @@ import pytest
 from verl_grpo import plain_steps
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import load_config
-from verl_grpo.rehearsal import sky_boundary
-from verl_grpo.rehearsal.session import rehearsal_session
 from verl_grpo.store import Store
+from verl_grpo_rehearsal import sky_boundary
+from verl_grpo_rehearsal.session import rehearsal_session
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,7 @@ def test_fully_async_entry_trains_by_weight_sync_with_the_services_and_resumes_a
         assert [e["step"] for e in job["events"] if e["event"] == "preempted"] == [1]
 
         log = (Path(job["job_dir"]) / "run.log").read_text().splitlines()
-        assert any("stood in by verl_grpo.rehearsal.fully_async_cpu" in line for line in log)
+        assert any("stood in by verl_grpo_rehearsal.fully_async_cpu" in line for line in log)
         assert any("reward-server" in line and "POST /batch_reward" in line for line in log)
         restored = [int(m[1]) if m[1] else 0 for line in log if (m := STARTS.match(line))]
         assert restored[0] == 0 and restored[-1] == 1, restored

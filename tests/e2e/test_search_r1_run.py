@@ -26,10 +26,10 @@ from verl_grpo.chain import Outcome
 from verl_grpo.config import load_config
 from verl_grpo.contracts import EvalReport
 from verl_grpo.local_paths import data_mirror_dir, state_dir
-from verl_grpo.rehearsal import sky_boundary
-from verl_grpo.rehearsal.session import rehearsal_session
 from verl_grpo.store import Store, strip_scheme
 from verl_grpo.store_layout import eval_report
+from verl_grpo_rehearsal import sky_boundary
+from verl_grpo_rehearsal.session import rehearsal_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # ~2.5 min alone on 2 cores, most of it the warm start
 

@@ -1,4 +1,4 @@
-"""`python -m verl_grpo.rehearsal.fully_async_cpu`: the rollout group's verl fully-async entry stood in on a CPU, with
+"""`python -m verl_grpo_rehearsal.fully_async_cpu`: the rollout group's verl fully-async entry stood in on a CPU, with
 the overrides `VerlTrainer.plan` composes for the shape; checkpoints numbered by weight sync and committed through
 our StoreCheckpointCallback to a moto S3 store."""
 
@@ -59,11 +59,11 @@ def test_stand_in_trains_one_step_per_weight_sync_and_commits_versions(tiny_mode
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(REPO),
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     (ckpt / "metrics").mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "verl_grpo.rehearsal.fully_async_cpu", *overrides], env=env,
+    proc = subprocess.run([sys.executable, "-m", "verl_grpo_rehearsal.fully_async_cpu", *overrides], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "stood in by verl_grpo.rehearsal.fully_async_cpu" in out and "trigger_parameter_sync_step=2" in out
+    assert "stood in by verl_grpo_rehearsal.fully_async_cpu" in out and "trigger_parameter_sync_step=2" in out
 
     prompts = {}
     for line in out.splitlines():

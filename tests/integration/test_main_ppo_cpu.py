@@ -1,4 +1,4 @@
-"""`python -m verl_grpo.rehearsal.main_ppo_cpu`: verl's main_ppo stood in on a CPU, with the real plan's overrides.
+"""`python -m verl_grpo_rehearsal.main_ppo_cpu`: verl's main_ppo stood in on a CPU, with the real plan's overrides.
 
 The overrides and env are built exactly as `VerlTrainer.plan` builds them (verl_overrides + run_paths +
 checkpoint_env); the stand-in trains the tiny model for real, writes verl's checkpoint layout, commits through
@@ -29,7 +29,7 @@ from verl_grpo.trainers.verl.samples import SamplesPlan
 from verl_grpo.trainers.verl.settings import checkpoint_env
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE = "verl_grpo.rehearsal.main_ppo_cpu"
+MODULE = "verl_grpo_rehearsal.main_ppo_cpu"
 MAX_PROMPT = 160
 STEPS = 4
 BATCH = 4
@@ -108,7 +108,7 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
     proc = _run(["-m", MODULE, *overrides], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "rehearsal: verl.trainer.main_ppo stood in by verl_grpo.rehearsal.main_ppo_cpu (CPU): " in out
+    assert "rehearsal: verl.trainer.main_ppo stood in by verl_grpo_rehearsal.main_ppo_cpu (CPU): " in out
 
     # verl's console lines, read by our progress parser; a real optimisation happened
     steps = _steps(out)
@@ -256,7 +256,7 @@ def test_wandb_rejects_a_bad_project_name_as_wandb_init_would(tiny_model_dir, da
     """With WANDB_API_KEY the plan adds the wandb logger, and verl passes trainer.project_name to wandb.init: the
     plan's own name (`verl-grpo-gsm8k`) passes W&B's check, the experiment name `verl-grpo/gsm8k` (what the plan
     passed before) kills the run at start-up, as on a cluster."""
-    from verl_grpo.rehearsal.main_ppo_cpu import load_config, wandb_project_error
+    from verl_grpo_rehearsal.main_ppo_cpu import load_config, wandb_project_error
 
     cfg = _cfg(tiny_model_dir)
     overrides, _, _ = _plan(cfg, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
@@ -266,7 +266,7 @@ def test_wandb_rejects_a_bad_project_name_as_wandb_init_would(tiny_model_dir, da
 
     bad = _cfg(tiny_model_dir, extra=[f"trainer.project_name={cfg.experiment_name}"])
     overrides_bad, _, _ = _plan(bad, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
-    from verl_grpo.rehearsal.main_ppo_cpu import main
+    from verl_grpo_rehearsal.main_ppo_cpu import main
 
     assert main(overrides_bad) == 1
     err = capsys.readouterr().err

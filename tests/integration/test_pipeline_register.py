@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from verl_grpo import plain_steps
+from verl_grpo import held_out, plain_steps
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainResult
-from verl_grpo.evaluate import held_out
 from verl_grpo.store_layout import run_metrics
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from verl_grpo.rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT, sky_boundary as sky
+from verl_grpo_rehearsal import ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT, launch_env, sky_boundary as sky
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,8 @@ TERMINAL = sky.MANAGED_TERMINAL | sky.CLUSTER_TERMINAL
 def rehearsal(tmp_path, monkeypatch):
     """An empty rehearsal state dir; at teardown every job is stopped and no process of any job is left."""
     state = tmp_path / "rehearsal"
-    monkeypatch.setenv(ENV_DIR, str(state))
+    for var, value in launch_env(str(state)).items():
+        monkeypatch.setenv(var, value)
     for var in (ENV_PREEMPT_AT, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_DRIVER):
         monkeypatch.delenv(var, raising=False)
     yield state
@@ -380,16 +381,16 @@ def test_a_job_listed_before_its_controller_pid_is_recorded_keeps_its_secrets(re
     """A poller (the provider's watch, `verl-grpo jobs`) listing the queue while `_submit` starts the controller read
     the job as dead and deleted the secrets its controller was about to read (an intermittent xdist failure)."""
     listed: list[tuple[int, str]] = []
-    record_pid = sky._update_state
+    record_pid = sky.update_state
 
     def list_the_queue_first(path, **fields):
         listed.extend((r.job_id, r.status) for r in sky.queue())
         record_pid(path, **fields)
 
-    monkeypatch.setattr(sky, "_update_state", list_the_queue_first)
+    monkeypatch.setattr(sky, "update_state", list_the_queue_first)
     yaml = task_yaml(name="t", workdir=str(workdir), secrets={"MY_TOKEN": None}, run='test "$MY_TOKEN" = tok-123')
     job_id = sky.launch_managed(yaml, "early-listing", {"MY_TOKEN": "tok-123"}, job_group=False)
-    monkeypatch.setattr(sky, "_update_state", record_pid)
+    monkeypatch.setattr(sky, "update_state", record_pid)
     assert (job_id, "PENDING") in listed
     assert wait(job_id)[0] == "SUCCEEDED"
 
@@ -401,7 +402,7 @@ def test_dead_controller_is_failed_controller(rehearsal, workdir):
     while next(r for r in sky.queue() if r.job_id == job_id).status != "RUNNING":
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    os.kill(sky._read_json(path / "state.json")["controller_pid"], 9)
+    os.kill(sky.read_json(path / "state.json")["controller_pid"], 9)
     status, _ = wait(job_id)
     assert status == "FAILED_CONTROLLER"
     deadline = time.monotonic() + 10  # the nodes die with their controller (parent-death signal)
@@ -414,7 +415,7 @@ def test_setup_installing_uv_is_stood_in_by_the_uv_shim_even_without_uv_here(mon
     """A clean checkout's venv has no uv; the node runs the rehearsal's uv shim, so `pip install uv` passes."""
     from importlib import metadata
 
-    from verl_grpo.rehearsal import shims
+    from verl_grpo_rehearsal import shims
 
     real_version = metadata.version
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.rehearsal.network import JobNetwork, loopback_ports
+from verl_grpo_rehearsal.network import JobNetwork, loopback_ports
 
 NODE = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork"]  # as the controller starts a node
 

@@ -17,8 +17,8 @@ from ports import free_port
 from verl_grpo.config import load_config
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.provider import rendered_secret_names
-from verl_grpo.rehearsal import ENV_DIR, sky_boundary as sky
 from verl_grpo.services import SERVICES
+from verl_grpo_rehearsal import launch_env, sky_boundary as sky
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "tokgrp"
@@ -47,7 +47,8 @@ TRAINER = textwrap.dedent("""\
 @pytest.fixture
 def rehearsal(tmp_path, monkeypatch):
     state = tmp_path / "rehearsal"
-    monkeypatch.setenv(ENV_DIR, str(state))
+    for var, value in launch_env(str(state)).items():
+        monkeypatch.setenv(var, value)
     yield state
     sky.stop_all()
     for job in state.glob("jobs/*"):

@@ -10,10 +10,10 @@ from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot.dry_run import check_attention
 from verl_grpo.providers.skypilot.templates import cluster_packages
-from verl_grpo.rehearsal import ENV_ON_NODE, shims
-from verl_grpo.rehearsal.standin_actor import node_attention
 from verl_grpo.trainers.verl.overrides import VerlPaths, attention_overrides, verl_overrides
 from verl_grpo.trainers.verl.validation import compose_verl_config
+from verl_grpo_rehearsal import ENV_ON_NODE, shims
+from verl_grpo_rehearsal.standin_actor import node_attention
 
 FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 VERL_PATHS = VerlPaths(checkpoint_dir="/w/c")

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from sky_home import sky_home
 
+from verl_grpo_rehearsal import launch_env
+
 # A cloud that sells spot, in SkyPilot's RunPod catalog format: H100:8 cheaper on demand in US, on spot in CA.
 RUNPOD_CSV = """\
 InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Region,SpotPrice,Price,AvailabilityZone,GpuInfo
@@ -35,7 +37,7 @@ from verl_grpo.providers.skypilot import boundary
 from verl_grpo.providers.skypilot.cost import estimate_cost
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider
 from verl_grpo.providers.skypilot.templates import eval_job_name, job_name
-from verl_grpo.rehearsal import sky_boundary
+from verl_grpo_rehearsal import sky_boundary
 
 base = ["dataset.name=gsm8k", "trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
         "algorithm.total_steps=30", "algorithm.save_freq=10", "skypilot.step_seconds=120"]
@@ -103,7 +105,7 @@ print("RESULT" + json.dumps(out))
 def results(tmp_path_factory):
     home = sky_home(tmp_path_factory.mktemp("skyhome"), {"runpod": RUNPOD_CSV})
     env = {**os.environ, "HOME": str(home), "VERL_GRPO_HOME": str(home / "state"),
-           "VERL_GRPO_REHEARSAL_DIR": str(home / "rehearsal")}
+           **launch_env(str(home / "rehearsal"))}
     env.pop("SKY_RUNTIME_DIR", None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])

@@ -17,10 +17,11 @@ import yaml
 from test_skypilot_provider import FakeCluster, FakeSky
 from test_vllm_runner import FakeLLM, fake_vllm, write_dataset  # noqa: F401 - fake_vllm is a fixture
 
+from verl_grpo import held_out
 from verl_grpo.config import load_config
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, TrainingError
-from verl_grpo.evaluate import held_out, vllm_runner
+from verl_grpo.evaluate import vllm_runner
 from verl_grpo.providers.skypilot import provider as sky_provider, templates
 from verl_grpo.providers.skypilot.boundary import JobRecord
 from verl_grpo.store import Store
@@ -138,7 +139,7 @@ def on_s3(s3_bucket, tiny_model_dir, tmp_path, monkeypatch):
 
 
 def _use(monkeypatch, sky):
-    monkeypatch.setattr(sky_provider, "_default_boundary", lambda env: sky)
+    monkeypatch.setattr(sky_provider, "boundary_from", lambda env: sky)
 
 
 @pytest.mark.usefixtures("fake_vllm")
@@ -146,7 +147,7 @@ def test_skypilot_evaluate_launches_the_vllm_task_and_reads_its_report_from_the_
     store, dataset, model_uri = on_s3
     sky = ClusterPlayingSky(monkeypatch)
     _use(monkeypatch, sky)
-    monkeypatch.setattr("verl_grpo.evaluate.held_out.evaluate_model", _no_cpu_eval)
+    monkeypatch.setattr("verl_grpo.held_out.evaluate_model", _no_cpu_eval)
     cfg = _cfg("verl.rollout_tp=2", uri=store.uri, endpoint=store.endpoint_url)
     lines = []
 
@@ -230,7 +231,7 @@ def test_local_provider_evaluates_on_this_machine_without_a_job(monkeypatch, tmp
         calls.append((model_uri, kwargs["out_rel"]))
         return report
 
-    monkeypatch.setattr("verl_grpo.evaluate.held_out.evaluate_model", cpu_eval)
+    monkeypatch.setattr("verl_grpo.held_out.evaluate_model", cpu_eval)
     cfg = load_config([], [f"storage.uri=file://{tmp_path}"])
     assert held_out.evaluate_trained(cfg, _dataset(f"file://{tmp_path}"), "run-1", "m") == report
     assert calls == [("m", "runs/run-1/eval/test.parquet")]  # the table beside the run

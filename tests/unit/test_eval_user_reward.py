@@ -13,9 +13,10 @@ import yaml
 from test_skypilot_provider import FakeSky
 from test_vllm_runner import GOLD, fake_vllm, write_dataset  # noqa: F401 - fake_vllm is a fixture
 
+from verl_grpo import held_out
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
-from verl_grpo.evaluate import held_out, vllm_runner
+from verl_grpo.evaluate import vllm_runner
 from verl_grpo.providers.skypilot import provider as sky_provider, templates
 from verl_grpo.store import Store
 from verl_grpo.store_layout import model_dir
@@ -67,8 +68,8 @@ def test_the_eval_node_fetches_the_users_function_and_scores_with_it(s3_bucket, 
                            f"storage.uri={uri}", f"storage.endpoint_url={endpoint}", "eval.limit=null",
                            "eval.max_new_tokens=32", f"reward.path={tmp_path / 'mine' / 'judge.py'}"])
     sky = NodePlayingSky(monkeypatch)
-    monkeypatch.setattr(sky_provider, "_default_boundary", lambda env: sky)
-    monkeypatch.setattr("verl_grpo.evaluate.held_out.evaluate_model", None)  # never the CPU path
+    monkeypatch.setattr(sky_provider, "boundary_from", lambda env: sky)
+    monkeypatch.setattr("verl_grpo.held_out.evaluate_model", None)  # never the CPU path
 
     report = held_out.evaluate_trained(cfg, dataset, "run-1", model_uri, on_line=lambda _: None)
 

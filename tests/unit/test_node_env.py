@@ -1,4 +1,4 @@
-"""A rehearsal node's Python environment (`verl_grpo.rehearsal.node_env`): a bare venv that imports exactly what its
+"""A rehearsal node's Python environment (`verl_grpo_rehearsal.node_env`): a bare venv that imports exactly what its
 setup's install lines brought, linked from this machine's venv."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 from packaging.requirements import Requirement
 
 from verl_grpo.dependency_closure import resolve
-from verl_grpo.rehearsal import node_env
-from verl_grpo.rehearsal.shims import GPU_EXTRAS, GPU_ONLY, write_shims
-from verl_grpo.rehearsal.sky_boundary import PACKAGE_ROOT
+from verl_grpo_rehearsal import node_env
+from verl_grpo_rehearsal.shims import GPU_EXTRAS, GPU_ONLY, write_shims
+from verl_grpo_rehearsal.sky_boundary import PACKAGE_ROOT
 
 
 def _env(tmp_path):

@@ -1,6 +1,6 @@
 """The user's reward function on GPU nodes (reward.path): the file shipped through the store and fetched by the nodes,
 verl told where it is (reward_kwargs), every row's keys fixed by one sample row, the first step's rows per reward
-worker, a module the nodes cannot import refused in one line, and verl_user_entry's fixed-key results."""
+worker, a module the nodes cannot import refused in one line, and user_entry's fixed-key results."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from verl_grpo.config import load_config
 from verl_grpo.contracts import Cluster
 from verl_grpo.errors import ConfigError, DataError
-from verl_grpo.rewards import verl_user_entry
 from verl_grpo.store import Store
-from verl_grpo.trainers.verl import reward_fetch
+from verl_grpo.trainers.verl import reward_fetch, user_entry as verl_user_entry
 from verl_grpo.trainers.verl.node_reward import (
     REWARD_DIR_ENV,
     REWARD_URI_ENV,

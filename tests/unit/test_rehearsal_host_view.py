@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_grpo.rehearsal.controller import NAMESPACE_FLAGS, HostView, _namespaces_work
+from verl_grpo_rehearsal.controller import NAMESPACE_FLAGS, HostView, _namespaces_work
 
 
 def fake_root(tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from verl_grpo.rehearsal import sky_boundary as sky
+from verl_grpo_rehearsal import sky_boundary as sky
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def job(tmp_path):
 
 @pytest.mark.parametrize("cmdline, alive", [
     ("", True),  # inside execve: the new program's arguments are not laid out yet
-    ("python -m verl_grpo.rehearsal.controller {path}", True),
+    ("python -m verl_grpo_rehearsal.controller {path}", True),
     ("python -m something.else", False),  # the pid now belongs to another program: the controller is gone
 ])
 def test_a_controller_is_alive_while_its_process_runs_this_job(job, monkeypatch, cmdline, alive):

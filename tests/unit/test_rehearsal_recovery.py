@@ -11,9 +11,9 @@ import subprocess
 import pytest
 
 from verl_grpo.providers.skypilot import boundary
-from verl_grpo.rehearsal import DEFAULT_DRIVER, ENV_DRIVER
-from verl_grpo.rehearsal.controller import no_launchable_spot, recovery_executor
-from verl_grpo.rehearsal.shims import GPU_SHIMS, write_shims
+from verl_grpo_rehearsal import DEFAULT_DRIVER, ENV_DRIVER
+from verl_grpo_rehearsal.controller import no_launchable_spot, recovery_executor
+from verl_grpo_rehearsal.shims import GPU_SHIMS, write_shims
 
 INFO = {"job_id": 7, "name": "job"}
 POLICY = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0, "recover_on_exit_codes": [75]}

@@ -189,8 +189,8 @@ def test_the_stand_in_writes_rollout_dumps_as_verls_own_writer_does(tmp_path):
     import ast
     import importlib.util
 
-    from verl_grpo.rehearsal.standin_trainer import write_generations
     from verl_grpo.trainers.verl.samples import DUMP_FIELDS, dump_steps
+    from verl_grpo_rehearsal.standin_trainer import write_generations
 
     source = Path(importlib.util.find_spec("verl").origin).parent / "trainer" / "ppo" / "ray_trainer.py"
     tree = ast.parse(source.read_text())

@@ -11,10 +11,11 @@ import pytest
 import yaml
 from rendered_tasks import CKPT_MOUNT, MOUNT, render, shape_config
 
+from verl_grpo import node_imports
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
-from verl_grpo.providers.skypilot import node_imports, templates
-from verl_grpo.providers.skypilot.node_imports import check_node_imports
+from verl_grpo.node_imports import check_node_imports
+from verl_grpo.providers.skypilot import templates
 from verl_grpo.trainers.verl.overrides import VerlPaths, cluster_nodes, verl_overrides
 from verl_grpo.trainers.verl.settings import checkpoint_env
 

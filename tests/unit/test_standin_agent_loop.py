@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl_grpo.rehearsal.standin_agent_loop import CpuServerClient
+from verl_grpo_rehearsal.standin_agent_loop import CpuServerClient
 
 
 def _config(max_model_len=None):

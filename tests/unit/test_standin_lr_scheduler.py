@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from verl_grpo.errors import ConfigError
-from verl_grpo.rehearsal.standin_actor import StandinActor
+from verl_grpo_rehearsal.standin_actor import StandinActor
 
 
 def _actor(kind: str) -> SimpleNamespace:

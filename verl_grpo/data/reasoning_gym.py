@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +24,10 @@ from verl_grpo.config.schema import ReasoningGymConfig
 from verl_grpo.data.schema import Problem, RawRecord, Reason, RowRejected, non_empty_str, require_object
 from verl_grpo.data.sources import DatasetBuilder, RawSource
 from verl_grpo.errors import DataError
+from verl_grpo.rewards.reasoning_gym import LIBRARY, library
 
 DATA_SOURCE_PREFIX = "reasoning_gym/"
 """A row's data_source: this prefix and its generator's name."""
-LIBRARY = "reasoning-gym"
-
-
-def library():
-    """reasoning_gym, imported on first use (a few seconds); DataError naming the package when it is not installed."""
-    try:
-        with warnings.catch_warnings():  # one of its dependencies (cellpylib) trips SyntaxWarnings when compiled
-            warnings.simplefilter("ignore", SyntaxWarning)
-            import reasoning_gym
-    except ImportError:
-        raise DataError(f"dataset.name=reasoning_gym needs the package {LIBRARY}; install it (pip install "
-                        f"{LIBRARY}) or train on another dataset.name") from None
-    return reasoning_gym
 
 
 def generator_dataset(rg: ReasoningGymConfig, size: int, seed: int):

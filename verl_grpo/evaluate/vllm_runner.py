@@ -38,7 +38,6 @@ from verl_grpo.evaluate.generation import (
 )
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.evaluate.runner import plan_eval, run_eval, with_run_tools, without_tools, without_tools_split
-from verl_grpo.rehearsal import ENV_ON_NODE, STANDIN_THREADS
 from verl_grpo.rewards.user_reward import UserReward
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.store_layout import eval_report, eval_spec, eval_table
@@ -46,6 +45,9 @@ from verl_grpo.trainers.exits import run_entry
 from verl_grpo.trainers.trl.tools import uses_search
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 
+ENV_CPU_THREADS = "VERL_GRPO_EVAL_CPU_THREADS"
+"""Set on a node without a GPU for vLLM (a local rehearsal's): generate with transformers on the CPU, with this many
+torch threads."""
 GPU_MEMORY_UTILIZATION = 0.9
 GPU_DTYPE = "bfloat16"
 """vLLM's dtype on GPUs, whatever `model.dtype` (the CPU path's, float32 by default) says: verl trains and rolls out
@@ -215,12 +217,13 @@ def node_config(cfg: RunConfig) -> RunConfig:
 
 
 def _generator(spec: EvalSpec, cfg: RunConfig, model_dir: Path) -> Generator:
-    """vLLM on the task's GPUs; in a rehearsal transformers on the CPU instead (the only part stood in: planning,
-    scoring, the table and the report are this entry point's own either way)."""
-    if os.environ.get(ENV_ON_NODE) == "1":  # a node of the local rehearsal of the cloud: no GPU for vLLM
+    """vLLM on the task's GPUs; on a node that sets ENV_CPU_THREADS transformers on the CPU instead (the only part
+    stood in: planning, scoring, the table and the report are this entry point's own either way)."""
+    threads = os.environ.get(ENV_CPU_THREADS)
+    if threads:
         print("rehearsal: vLLM stood in by transformers generate on the CPU (same prompts, scoring and report)",
               flush=True)
-        return HFGenerator(model_dir, cfg.model.dtype, threads=STANDIN_THREADS)
+        return HFGenerator(model_dir, cfg.model.dtype, threads=int(threads))
     return VLLMGenerator(model_dir, GPU_DTYPE, spec.tensor_parallel_size, spec.gpu_memory_utilization,
                          seed=cfg.eval.seed)
 

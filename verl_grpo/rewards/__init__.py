@@ -8,7 +8,7 @@ QA (`squad`, and verl's Search-R1 rows: any `searchR1_<name>` data_source) is sc
 final answer block against the gold answers (`qa`); `reward.custom_reward_function.reward_kwargs.qa_match=subem`
 switches to substring match. reasoning-gym rows (`reasoning_gym/<generator>`) are judged by the generator's own
 `score_answer` (`reasoning_gym`). A run with its own function (`reward.path`) is scored by it instead, everywhere:
-`run_scorer(cfg)`, guarded by `user_reward`; on GPU nodes verl calls it through `verl_user_entry`.
+`run_scorer(cfg)`, guarded by `user_reward`; on GPU nodes verl calls it through `trainers/verl/user_entry.py`.
 """
 
 from verl_grpo.rewards.scoring import (

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from functools import cache
 from typing import Any
 
@@ -25,6 +26,22 @@ from verl_grpo.rewards.common import Response, layout_components, parse_response
 
 WEIGHTS: dict[str, float] = dict(gsm8k.WEIGHTS)
 """GSM8K's table: the same response layout (reasoning, then one answer block, nothing after it) scored the same way."""
+
+LIBRARY = "reasoning-gym"
+"""The PyPI distribution that generates and scores these tasks."""
+
+
+def library():
+    """reasoning_gym, imported on first use (a few seconds); DataError naming the package when it is not installed."""
+    try:
+        with warnings.catch_warnings():  # one of its dependencies (cellpylib) trips SyntaxWarnings when compiled
+            warnings.simplefilter("ignore", SyntaxWarning)
+            import reasoning_gym
+    except ImportError:
+        raise DataError(f"dataset.name=reasoning_gym needs the package {LIBRARY}; install it (pip install "
+                        f"{LIBRARY}) or train on another dataset.name") from None
+    return reasoning_gym
+
 
 _NUMERIC = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -46,8 +63,6 @@ def parse_entry(ground_truth: Any) -> dict[str, Any]:
 @cache
 def score_answer_of(generator: str):
     """The generator's `score_answer` (made once per process: some generators load word lists)."""
-    from verl_grpo.data.reasoning_gym import library
-
     library()  # first: its import keeps the library's compile warnings quiet
     from reasoning_gym.factory import get_score_answer_fn
 

@@ -17,6 +17,7 @@ from types import ModuleType
 from urllib.parse import urlsplit
 
 from verl_grpo.config import RunConfig
+from verl_grpo.data.task_check import data_check
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
 
@@ -147,12 +148,10 @@ def _hf_repo_id_problem(name: str) -> str | None:
 
 def check_data(cfg: RunConfig) -> str:
     """The dataset's splits are in the data mirror, or may come from the hub (`verl-grpo validate`'s data check)."""
-    from verl_grpo.validate import check_data as validate_data
-
-    result = validate_data(cfg)
-    if not result.ok:
-        raise ConfigError(result.detail)
-    return f"data: {result.detail}"
+    ok, detail = data_check(cfg)
+    if not ok:
+        raise ConfigError(detail)
+    return f"data: {detail}"
 
 
 GROUP_SHAPES = ("job_group", "rollout_group")

@@ -35,6 +35,7 @@ from packaging.utils import canonicalize_name
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import Cluster, DatasetVersion
 from verl_grpo.errors import ConfigError, DataError
+from verl_grpo.node_imports import check_node_imports
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.checks import (
     check_data,
@@ -61,7 +62,6 @@ from verl_grpo.providers.skypilot.launch_policy import (
     check_spot,
     check_transformers,
 )
-from verl_grpo.providers.skypilot.node_imports import check_node_imports
 from verl_grpo.providers.skypilot.provider import SkyPilotProvider, rendered_secret_names
 from verl_grpo.providers.skypilot.reward_check import check_task_scorer, check_user_reward
 from verl_grpo.store import Store

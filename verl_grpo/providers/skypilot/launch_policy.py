@@ -20,8 +20,8 @@ from packaging.utils import canonicalize_name
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
+from verl_grpo.node_imports import setup_requirements
 from verl_grpo.providers.skypilot.checks import SpotChoice
-from verl_grpo.providers.skypilot.node_imports import setup_requirements
 from verl_grpo.providers.skypilot.node_stack import (
     MIN_DRIVER,
     SKY_UV_DIR,

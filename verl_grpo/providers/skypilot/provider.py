@@ -7,6 +7,7 @@ instead of launching a second one. All SkyPilot calls go through `boundary` (a f
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -46,17 +47,20 @@ CLUSTER_JOB_SEP = "/"
 """Job.id of a cluster job is `{cluster}/{job id}` (SkyPilot cluster names contain no `/`)."""
 
 
-def _default_boundary(env: Mapping[str, str]) -> ModuleType:
-    """SkyPilot itself, or its local rehearsal (verl_grpo.rehearsal) when VERL_GRPO_REHEARSAL_DIR is set."""
-    from verl_grpo.rehearsal import ENV_DIR
+ENV_BOUNDARY = "VERL_GRPO_SKY_BOUNDARY"
+"""A module to use in place of SkyPilot (`verl_grpo.providers.skypilot.boundary`): the same functions, e.g. a local
+rehearsal of the cloud or a test double. The provider names no such module itself; whoever runs it chooses."""
+DEFAULT_BOUNDARY = "verl_grpo.providers.skypilot.boundary"
 
-    if env.get(ENV_DIR):
-        from verl_grpo.rehearsal import sky_boundary
 
-        return sky_boundary
-    from verl_grpo.providers.skypilot import boundary
-
-    return boundary
+def boundary_from(env: Mapping[str, str]) -> ModuleType:
+    """SkyPilot itself, or the module `env` names in ENV_BOUNDARY; ConfigError in one line when that cannot load."""
+    name = env.get(ENV_BOUNDARY) or DEFAULT_BOUNDARY
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(f"{ENV_BOUNDARY}={name} does not import ({e}); unset it to launch with SkyPilot, or "
+                          "install the package that provides it") from None
 
 
 class SkyPilotProvider:
@@ -69,7 +73,7 @@ class SkyPilotProvider:
 
     def __init__(self, boundary: ModuleType | None = None, env: Mapping[str, str] | None = None):
         self.env = os.environ if env is None else env
-        self.sky = boundary or _default_boundary(self.env)
+        self.sky = boundary or boundary_from(self.env)
 
     def up(self, cfg: RunConfig, run_id: str) -> Cluster:
         """Managed jobs provision their own clusters at submit; this only names the run's compute.

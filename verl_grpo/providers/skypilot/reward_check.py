@@ -24,7 +24,7 @@ import yaml
 
 from verl_grpo.config import RunConfig
 from verl_grpo.errors import ConfigError
-from verl_grpo.providers.skypilot.node_imports import file_imports, provided_imports, setup_requirements
+from verl_grpo.node_imports import file_imports, provided_imports, setup_requirements
 from verl_grpo.providers.skypilot.templates import TASK_PACKAGES, task_packages
 from verl_grpo.rewards.user_reward import LOAD_TIMEOUT_S, WORKER_SCRIPT, normalise
 from verl_grpo.trainers.verl.node_reward import FETCH_MODULE, REMOTE_FUNCTION, UserRewardPlan

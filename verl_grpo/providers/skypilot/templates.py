@@ -32,9 +32,9 @@ from verl_grpo.config import RunConfig
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import repo_root
+from verl_grpo.node_imports import file_imports, needed_imports
 from verl_grpo.privacy import quiet_env
 from verl_grpo.providers.skypilot.knobs import knob_task
-from verl_grpo.providers.skypilot.node_imports import file_imports, needed_imports
 from verl_grpo.providers.skypilot.node_stack import (
     SKY_UV_DIR,
     TORCH_VERSION,

@@ -12,7 +12,7 @@ beside it does not (the dry run says so).
 A module `pkg.module` does not travel: the nodes import it when the workdir's editable install brings its package
 (pyproject's packages: verl_grpo, ...) or skypilot.node_packages installs it; `module_on_nodes` decides.
 
-verl gets `pkg://verl_grpo.rewards.verl_user_entry` with `reward_kwargs` saying where the function is on the node,
+verl gets `pkg://verl_grpo.trainers.verl.user_entry` with `reward_kwargs` saying where the function is on the node,
 the component keys every row returns (fixed here by scoring one sample row of the train split on the launcher, which
 has imported the function already) and the first step's rows per reward-loop worker (its FailureGuard).
 """
@@ -42,7 +42,7 @@ REWARD_URI_ENV = "VERL_GRPO_REWARD_URI"
 REWARD_DIR_ENV = "VERL_GRPO_REWARD_DIR"
 """TrainSpec env: the shipped file's store folder and where the nodes fetch it to (the templates render the fetch)."""
 FETCH_MODULE = "verl_grpo.trainers.verl.reward_fetch"
-USER_ENTRY = "pkg://verl_grpo.rewards.verl_user_entry"
+USER_ENTRY = "pkg://verl_grpo.trainers.verl.user_entry"
 LOCAL_FUNCTION, REMOTE_FUNCTION = "compute_score", "compute_score_remote"
 VERL_REWARD_WORKERS = 8
 """verl's reward.num_workers default (verl/trainer/config/reward/reward.yaml), over which a step's rows spread."""
@@ -135,7 +135,7 @@ def workdir_packages(pyproject: Path | None = None) -> set[str]:
 def module_on_nodes(cfg: RunConfig) -> str:
     """Where a reward module comes from on the nodes: the synced workdir's editable install, or
     skypilot.node_packages; ConfigError in one line when neither brings it."""
-    from verl_grpo.providers.skypilot.node_imports import provided_imports
+    from verl_grpo.node_imports import provided_imports
 
     module = cfg.reward.path
     top = module.split(".")[0]
@@ -253,7 +253,7 @@ class UserRewardPlan:
     """False when the launcher could not read a sample row or import the function (the data check says why)."""
 
     def reward_kwargs(self) -> dict[str, Any]:
-        """verl's reward.custom_reward_function.reward_kwargs for verl_user_entry."""
+        """verl's reward.custom_reward_function.reward_kwargs for user_entry."""
         return {"user_path": self.node.path, "user_name": self.node.name, "timeout_s": self.node.timeout_s,
                 "components": list(self.components), "first_rows": self.first_rows}
 
@@ -277,7 +277,7 @@ def plan_user_reward(cfg: RunConfig, dataset: DatasetVersion | None, store: Stor
     rows = first_rows(cfg)
     try:
         sample = sample_row(cfg, dataset, store)
-    except DataError as e:  # the data check (plain_steps.check_task) reports the same; resolve refuses the run
+    except DataError as e:  # the data check (data.task_check.check_task) reports the same; resolve refuses the run
         return UserRewardPlan(node, (), rows, error=f"no sample row ({e})", loaded=False)
     reward = UserReward(cfg.reward.path, cfg.reward.name, cfg.reward.timeout_s)
     try:

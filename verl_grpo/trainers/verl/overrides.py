@@ -280,7 +280,7 @@ def verl_keep(cfg: RunConfig) -> int:
 
 def run_paths(cfg: RunConfig, checkpoint_dir: str, user: UserRewardPlan | None = None) -> VerlPaths:
     """Checkpoint dir and reward function: the reward-server's client when the job group runs one; with the user's
-    own function (`user`, node_reward), verl_user_entry told where it is on the nodes (remotely: the reward-server
+    own function (`user`, node_reward), user_entry told where it is on the nodes (remotely: the reward-server
     runs it)."""
     remote = "reward" in cfg.services.enabled
     if user is not None:

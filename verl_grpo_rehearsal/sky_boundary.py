@@ -1,7 +1,7 @@
 """Drop-in for `verl_grpo.providers.skypilot.boundary` that submits to the local rehearsal instead of SkyPilot.
 
 Stands in for SkyPilot's API server, jobs controller and clouds: `launch_managed` writes the job under
-`$VERL_GRPO_REHEARSAL_DIR/jobs/<id>/` and starts a detached `verl_grpo.rehearsal.controller` that owns it; every
+`$VERL_GRPO_REHEARSAL_DIR/jobs/<id>/` and starts a detached `verl_grpo_rehearsal.controller` that owns it; every
 other function reads or signals that directory, so any process (a provider is built fresh per call) sees the
 same jobs. Existing clusters (`sky exec`) are directories made by `create_cluster`. Runs for real: SkyPilot's own
 YAML loaders (re-exported below, and used by the controller) and everything the controller runs on the nodes.
@@ -31,7 +31,7 @@ from verl_grpo.providers.skypilot.boundary import (
     load_job_group,
     load_task,
 )
-from verl_grpo.rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
+from verl_grpo_rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_PREEMPT_AT
 
 __all__ = [
     "JobRecord", "cancel", "cancel_cluster_job", "catalog_dir", "catalog_offers", "catalog_region_prices",
@@ -122,14 +122,14 @@ def _submit(base: Path, yaml_str: str, name: str, secrets: Mapping[str, str], ex
         "state_dir": str(state_dir()), **extra})
     status = "PENDING"
     _write_json(path / "state.json", {"status": status, "recovery_count": 0, "failure_reason": None})
-    _append_event(path, "job_submitted", name=name, **extra)
+    append_event(path, "job_submitted", name=name, **extra)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     with open(path / "controller.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "verl_grpo.rehearsal.controller", str(path)], cwd=str(path), env=env,
+            [sys.executable, "-m", "verl_grpo_rehearsal.controller", str(path)], cwd=str(path), env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    _update_state(path, controller_pid=proc.pid)
+    update_state(path, controller_pid=proc.pid)
     _CHILDREN.append(proc)
     return job_id
 
@@ -150,7 +150,7 @@ def queue() -> list[JobRecord]:
 def cluster_status(cluster_name: str) -> str | None:
     """"UP" for a cluster made by `create_cluster`; None when there is no such cluster."""
     info = cluster_dir(cluster_name) / "cluster.json"
-    return str(_read_json(info)["status"]) if info.is_file() else None
+    return str(read_json(info)["status"]) if info.is_file() else None
 
 
 def cluster_queue(cluster_name: str) -> list[JobRecord]:
@@ -172,7 +172,7 @@ def summary(job_id: int, cluster_name: str | None = None) -> dict[str, Any]:
     """The job's final (or current) record and every event it logged, for the rehearsal report."""
     path = _existing(job_dir(job_id, cluster_name))
     record = _job_record(path)
-    state = _read_json(path / "state.json")
+    state = read_json(path / "state.json")
     events_file = path / "events.jsonl"
     events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()] \
         if events_file.exists() else []
@@ -217,14 +217,14 @@ def stop_all(timeout: float = 30.0) -> None:
 
 
 def _cancel(path: Path) -> None:
-    if _read_json(path / "state.json")["status"] in MANAGED_TERMINAL | CLUSTER_TERMINAL:
+    if read_json(path / "state.json")["status"] in MANAGED_TERMINAL | CLUSTER_TERMINAL:
         return
     (path / "cancel_requested").touch()
     _signal_group(path, signal.SIGTERM)
 
 
 def _signal_group(path: Path, sig: int) -> None:
-    pid = _read_json(path / "state.json").get("controller_pid")
+    pid = read_json(path / "state.json").get("controller_pid")
     if pid and _controller_alive(path):
         try:
             os.killpg(int(pid), sig)  # the controller leads its own session: its pid is its group id
@@ -250,11 +250,11 @@ def _existing(path: Path) -> Path:
 
 
 def _job_record(path: Path) -> JobRecord:
-    job = _read_json(path / "job.json")
+    job = read_json(path / "job.json")
     # Liveness first, state second: a controller writes its terminal state before it exits, so one
     # that exits between the two reads is seen as finished, never as dead.
     alive = _controller_alive(path)
-    state = _read_json(path / "state.json")
+    state = read_json(path / "state.json")
     status = state["status"]
     failure_reason = state.get("failure_reason")
     terminal = MANAGED_TERMINAL if job.get("kind") == "managed" else CLUSTER_TERMINAL
@@ -295,11 +295,11 @@ def _timeline(path: Path, state: dict[str, Any]) -> dict[str, float | None]:
 
 def _controller_alive(path: Path) -> bool:
     """Whether the job's controller process runs (not a zombie, and really this job's controller)."""
-    pid = _read_json(path / "state.json").get("controller_pid")
+    pid = read_json(path / "state.json").get("controller_pid")
     if not pid:
         # `_submit` records the pid just after starting the controller: a job listed before that is starting, not
         # dead (reading it as dead deleted the secrets the controller was about to read).
-        return time.time() - float(_read_json(path / "job.json").get("submitted_at", 0)) < CONTROLLER_START_S
+        return time.time() - float(read_json(path / "job.json").get("submitted_at", 0)) < CONTROLLER_START_S
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = _cmdline(int(pid))
@@ -364,7 +364,7 @@ def _yaml_name(yaml_str: str) -> str | None:
     return docs[0].get("name") if docs else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
@@ -374,13 +374,13 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _update_state(path: Path, **changes: Any) -> None:
+def update_state(path: Path, **changes: Any) -> None:
     with FileLock(str(path / "state.lock")):
-        state = _read_json(path / "state.json")
+        state = read_json(path / "state.json")
         state.update(changes)
         _write_json(path / "state.json", state)
 
 
-def _append_event(path: Path, event: str, **fields: Any) -> None:
+def append_event(path: Path, event: str, **fields: Any) -> None:
     with (path / "events.jsonl").open("a") as f:
         f.write(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}) + "\n")

@@ -41,7 +41,7 @@ def node_attention(model_cfg: Any) -> str:
     installed by the node's setup (stood in by sdpa on a CPU, said in a `rehearsal:` line); without it this raises
     transformers' own error, as the node would. remove-padding with anything but flash-attn is refused: verl packs
     the micro-batch into one row, and sdpa would attend across its sequences."""
-    from verl_grpo.rehearsal.shims import stood_in_packages
+    from verl_grpo_rehearsal.shims import stood_in_packages
 
     attn = str(model_cfg.get("override_config", {}).get("attn_implementation", VERL_DEFAULT_ATTENTION))
     if model_cfg.get("use_remove_padding", True) and attn != "flash_attention_2":

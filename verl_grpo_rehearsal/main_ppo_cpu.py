@@ -1,4 +1,4 @@
-"""`python -m verl_grpo.rehearsal.main_ppo_cpu <main_ppo overrides>`: verl.trainer.main_ppo stood in on a CPU.
+"""`python -m verl_grpo_rehearsal.main_ppo_cpu <main_ppo overrides>`: verl.trainer.main_ppo stood in on a CPU.
 
 A local rehearsal of a SkyPilot launch runs this instead of `python -m verl.trainer.main_ppo` with the very same
 Hydra overrides. Everything of verl that runs on a CPU is verl's own (config compose + validate_config, dataset,
@@ -75,12 +75,12 @@ def rehearsal_line(config: Any, loggers: list[str]) -> str:
         extra_not_real += f", actor strategy {strategy} (FSDP2 checkpoint layout written instead)"
     if config.get("critic", {}).get("enable", False):
         extra_not_real += ", critic (not trained)"
-    from verl_grpo.rehearsal import uses_agent_loop
+    from verl_grpo_rehearsal import uses_agent_loop
 
     rollout = config.actor_rollout_ref.rollout
     agent_loop = (f", multi-turn rollouts in verl's AgentLoopWorker + {rollout.agent.default_agent_loop} loop with the "
                   f"tools of {rollout.multi_turn.tool_config_path} called for real" if uses_agent_loop(config) else "")
-    return ("rehearsal: verl.trainer.main_ppo stood in by verl_grpo.rehearsal.main_ppo_cpu (CPU): real: verl "
+    return ("rehearsal: verl.trainer.main_ppo stood in by verl_grpo_rehearsal.main_ppo_cpu (CPU): real: verl "
             "Hydra config + validate_config, RLHFDataset + StatefulDataLoader (data.pt), custom reward via verl's "
             f"loader{agent_loop}, GRPO advantage + policy loss of verl.core_algos, AdamW/LR schedule of verl's FSDP "
             "engine, FSDP2 (world size 1, gloo) + FSDPCheckpointManager, checkpoint callback, resume_mode, Tracking "
@@ -98,7 +98,7 @@ def run(overrides: list[str], load: Callable[[list[str]], Any], describe: Callab
     try:
         import torch
 
-        from verl_grpo.rehearsal import STANDIN_THREADS
+        from verl_grpo_rehearsal import STANDIN_THREADS
 
         torch.set_num_threads(STANDIN_THREADS)
         config = load(overrides)
@@ -110,7 +110,7 @@ def run(overrides: list[str], load: Callable[[list[str]], Any], describe: Callab
                 raise RehearsalError(f"wandb.errors.UsageError: {problem} (trainer.project_name: verl passes it "
                                      "to wandb.init(project=...), so the real run fails here)")
         print(describe(config, loggers), flush=True)
-        from verl_grpo.rehearsal.standin_trainer import StandinTrainer
+        from verl_grpo_rehearsal.standin_trainer import StandinTrainer
 
         trainer = StandinTrainer(config, [x for x in loggers if x != "wandb"])
         succeeded = False

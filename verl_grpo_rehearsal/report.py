@@ -13,7 +13,7 @@ from verl_grpo.trainers.verl.commit import COMMITTED_LINE
 from verl_grpo.trainers.verl.restore import RESTORED_LINE
 
 STAND_INS = (
-    "verl.trainer.main_ppo → verl_grpo.rehearsal.main_ppo_cpu (verl's config, dataset, reward loader, checkpoint "
+    "verl.trainer.main_ppo → verl_grpo_rehearsal.main_ppo_cpu (verl's config, dataset, reward loader, checkpoint "
     "layout, callback and resume; a CPU policy-gradient step instead of Ray/FSDP/vLLM)",
     "vLLM in the eval task → transformers generate on the CPU (same runner entry point and report)",
     "package installs in setup → an offline check of each requirement and of requires-python",
@@ -29,7 +29,7 @@ def log_facts(lines: Sequence[str]) -> tuple[list[int], list[int]]:
 
 def rehearsal_jobs() -> list[dict[str, Any]]:
     """`sky_boundary.summary` of every job of the current rehearsal (managed and on clusters), oldest first."""
-    from verl_grpo.rehearsal import sky_boundary
+    from verl_grpo_rehearsal import sky_boundary
 
     base = sky_boundary.state_dir()
     jobs = [sky_boundary.summary(r.job_id) for r in sky_boundary.queue()]

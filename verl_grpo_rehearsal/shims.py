@@ -28,12 +28,12 @@ from packaging.utils import canonicalize_name
 
 from verl_grpo.dependency_closure import resolve
 from verl_grpo.pip_args import install_args
-from verl_grpo.rehearsal import DEFAULT_DRIVER, DEFAULT_MAIN_PPO, ENV_DRIVER, ENV_MAIN_PPO, ENV_ON_NODE, node_env
+from verl_grpo_rehearsal import DEFAULT_DRIVER, DEFAULT_MAIN_PPO, ENV_DRIVER, ENV_MAIN_PPO, ENV_ON_NODE, node_env
 
 VERL_MAIN_PPO = "verl.trainer.main_ppo"
 FULLY_ASYNC_ENTRY = "verl_grpo.trainers.verl.fully_async_entry"
 """The rollout_group shape's trainer entry (verl's fully_async_main with the checkpoint seam)."""
-FULLY_ASYNC_STANDIN = "verl_grpo.rehearsal.fully_async_cpu"
+FULLY_ASYNC_STANDIN = "verl_grpo_rehearsal.fully_async_cpu"
 GPU_ONLY = frozenset(canonicalize_name(n) for n in (
     "vllm", "sglang", "sgl-kernel", "flash-attn", "flash_attn", "flashinfer", "flashinfer-python", "xformers"))
 """Packages that only build/run with CUDA: missing here is expected, the rehearsal stands in for them."""
@@ -64,7 +64,7 @@ def write_shims(shims_dir: Path, real_python: str, package_root: Path) -> None:
             f"#!{real_python}\n"
             "import sys\n"
             f"sys.path.insert(0, {str(package_root)!r})\n"
-            "from verl_grpo.rehearsal.shims import main\n"
+            "from verl_grpo_rehearsal.shims import main\n"
             f"sys.exit(main({name!r}, sys.argv[1:], {real_python!r}))\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     gpu = shims_dir / GPU_SHIMS
@@ -80,7 +80,7 @@ def nvidia_smi_script() -> str:
     node ($SKYPILOT_NUM_GPUS_PER_NODE, at least 1); says on stderr that it stands in."""
     a, b = NVIDIA_SMI_QUERY
     return f"""#!/bin/bash
-# rehearsal: stands in for nvidia-smi on a GPU node (verl_grpo/rehearsal/shims.py)
+# rehearsal: stands in for nvidia-smi on a GPU node (verl_grpo_rehearsal/shims.py)
 driver="${{{ENV_DRIVER}:-{DEFAULT_DRIVER}}}"
 echo "rehearsal: nvidia-smi stands in (driver $driver)" >&2
 if ! {{ [ $# = 2 ] && {{ [ "$1 $2" = "{a} {b}" ] || [ "$2 $1" = "{a} {b}" ]; }}; }}; then

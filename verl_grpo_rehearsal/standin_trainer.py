@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_grpo.rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_PENDING, PREEMPT_HOLD_S, uses_agent_loop
-from verl_grpo.rehearsal.standin_actor import StandinActor
-from verl_grpo.rehearsal.standin_data import StandinData
+from verl_grpo_rehearsal import ENV_DIR, ENV_FAIL_AT, ENV_PREEMPT_PENDING, PREEMPT_HOLD_S, uses_agent_loop
+from verl_grpo_rehearsal.standin_actor import StandinActor
+from verl_grpo_rehearsal.standin_data import StandinData
 
 HEADLINE = ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/lr", "timing_s/step")
 """First keys of each step's metrics: verl's console line starts `step:k - critic/score/mean:… - …`."""
@@ -108,7 +108,7 @@ class StandinTrainer:
         self.actor = StandinActor(config, self.data.tokenizer)
         self.agent_loop = None
         if uses_agent_loop(config):
-            from verl_grpo.rehearsal.standin_agent_loop import AgentLoopRollouts
+            from verl_grpo_rehearsal.standin_agent_loop import AgentLoopRollouts
 
             self.agent_loop = AgentLoopRollouts(config, self.actor.model, self.data.tokenizer, self.data.loop)
             rollout_cfg = config.actor_rollout_ref.rollout

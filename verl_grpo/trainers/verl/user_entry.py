@@ -1,6 +1,6 @@
 """verl's `reward.custom_reward_function` of a run scored by its own function (reward.path) on GPU nodes.
 
-verl loads this module (`pkg://verl_grpo.rewards.verl_user_entry`) and calls `compute_score` with the row's
+verl loads this module (`pkg://verl_grpo.trainers.verl.user_entry`) and calls `compute_score` with the row's
 arguments plus its `reward_kwargs` (verl/trainer/ppo/reward.py `get_custom_reward_fn`): where the user's function is
 on this node (`user_path`, `user_name`), its per-call limit (`timeout_s`), the component keys fixed at plan time
 (`components`) and how many rows the first step gives this process (`first_rows`). The user's function runs guarded

@@ -1,4 +1,4 @@
-"""`python -m verl_grpo.rehearsal.fully_async_cpu <fully-async overrides>`: the rollout group's verl fully-async entry
+"""`python -m verl_grpo_rehearsal.fully_async_cpu <fully-async overrides>`: the rollout group's verl fully-async entry
 (`verl_grpo.trainers.verl.fully_async_entry`) stood in on a CPU.
 
 A rehearsal of skypilot.shape=rollout_group runs this instead of the entry, with the very same Hydra overrides. Real:
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from verl_grpo.rehearsal.main_ppo_cpu import rehearsal_line, run
+from verl_grpo_rehearsal.main_ppo_cpu import rehearsal_line, run
 
 
 def load_config(overrides: list[str]) -> Any:
@@ -39,9 +39,9 @@ def load_config(overrides: list[str]) -> Any:
 def describe(config: Any, loggers: list[str]) -> str:
     at = config.async_training
     return (rehearsal_line(config, loggers).replace(
-        "verl.trainer.main_ppo stood in by verl_grpo.rehearsal.main_ppo_cpu",
+        "verl.trainer.main_ppo stood in by verl_grpo_rehearsal.main_ppo_cpu",
         "verl's fully-async trainer (verl_grpo.trainers.verl.fully_async_entry) stood in by "
-        "verl_grpo.rehearsal.fully_async_cpu")
+        "verl_grpo_rehearsal.fully_async_cpu")
         + f"; fully-async: verl's fully_async_ppo_trainer config + its asserts real, one step per weight sync "
           f"(trigger_parameter_sync_step={at.trigger_parameter_sync_step}, {config.data.train_batch_size} prompts); "
           f"not real: {config.rollout.nnodes} standalone rollout node(s), message queue "

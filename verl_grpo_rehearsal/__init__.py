@@ -9,6 +9,8 @@ shims) and verl's GPU trainer (`main_ppo_cpu`) are stood in for. Preemptions are
 
 ENV_DIR = "VERL_GRPO_REHEARSAL_DIR"
 """Where all rehearsal state lives (jobs, clusters); required by `sky_boundary`."""
+BOUNDARY_MODULE = "verl_grpo_rehearsal.sky_boundary"
+"""What the SkyPilot provider is told to use in SkyPilot's place (its `ENV_BOUNDARY`)."""
 ENV_PREEMPT_AT = "VERL_GRPO_REHEARSAL_PREEMPT_AT"
 """Comma list of verl step numbers at which the primary task's nodes are killed (read when a job is launched)."""
 ENV_PREEMPT_PENDING = "VERL_GRPO_REHEARSAL_PREEMPT_PENDING"
@@ -29,12 +31,19 @@ DEFAULT_DRIVER = "580.95.05"
 ENV_ON_NODE = "VERL_GRPO_REHEARSAL"
 """Set to "1" in every node process."""
 ENV_MAIN_PPO = "VERL_GRPO_REHEARSAL_MAIN_PPO"
-"""Module run in place of `verl.trainer.main_ppo` (default `verl_grpo.rehearsal.main_ppo_cpu`)."""
-DEFAULT_MAIN_PPO = "verl_grpo.rehearsal.main_ppo_cpu"
+"""Module run in place of `verl.trainer.main_ppo` (default `verl_grpo_rehearsal.main_ppo_cpu`)."""
+DEFAULT_MAIN_PPO = "verl_grpo_rehearsal.main_ppo_cpu"
 STANDIN_THREADS = 1
 """torch threads of the CPU stand-ins (trainer and vLLM's eval) on a node: they run a toy model in place of the GPUs,
 whose matmuls gain nothing from a second thread, and every node of a rehearsal shares this machine's cores, where two
 threads each waiting on the other's core run several times slower than one (bench/trl_step_bench.py's notes)."""
+
+
+def launch_env(state_dir: str) -> dict[str, str]:
+    """The environment a process needs to launch, list or cancel jobs on the rehearsal whose state is `state_dir`."""
+    from verl_grpo.providers.skypilot.provider import ENV_BOUNDARY
+
+    return {ENV_DIR: state_dir, ENV_BOUNDARY: BOUNDARY_MODULE}
 
 
 def uses_agent_loop(config) -> bool:

@@ -1,4 +1,4 @@
-"""The rehearsal's jobs controller: `python -m verl_grpo.rehearsal.controller JOB_DIR` owns one job until it ends.
+"""The rehearsal's jobs controller: `python -m verl_grpo_rehearsal.controller JOB_DIR` owns one job until it ends.
 
 Stands in for SkyPilot's jobs controller and for the VMs it provisions: every node of every task is a set of
 unprivileged Linux namespaces on this machine (a fresh PID namespace, so killing a node kills everything it started,
@@ -39,19 +39,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_grpo.evaluate.vllm_runner import ENV_CPU_THREADS
 from verl_grpo.providers.skypilot.checks import profile_with_keys
-from verl_grpo.rehearsal import ENV_DRIVER, ENV_FAIL_AT, ENV_MAIN_PPO, ENV_ON_NODE, ENV_PREEMPT_PENDING
-from verl_grpo.rehearsal.cached_mount import CachedMount, bucket_fs
-from verl_grpo.rehearsal.network import JobNetwork, listening_on_host, loopback_ports
-from verl_grpo.rehearsal.node_env import ENV_BASE_ENV
-from verl_grpo.rehearsal.shims import GPU_SHIMS, write_shims
-from verl_grpo.rehearsal.sky_boundary import (
-    PACKAGE_ROOT,
-    _append_event,
-    _read_json,
-    _update_state,
-)
 from verl_grpo.trainers.verl.commit import COMMITTED_LINE
+from verl_grpo_rehearsal import (
+    ENV_DRIVER,
+    ENV_FAIL_AT,
+    ENV_MAIN_PPO,
+    ENV_ON_NODE,
+    ENV_PREEMPT_PENDING,
+    STANDIN_THREADS,
+)
+from verl_grpo_rehearsal.cached_mount import CachedMount, bucket_fs
+from verl_grpo_rehearsal.network import JobNetwork, listening_on_host, loopback_ports
+from verl_grpo_rehearsal.node_env import ENV_BASE_ENV
+from verl_grpo_rehearsal.shims import GPU_SHIMS, write_shims
+from verl_grpo_rehearsal.sky_boundary import (
+    PACKAGE_ROOT,
+    append_event,
+    read_json,
+    update_state,
+)
 
 STEP_LINE = re.compile(r"^step:(\d+) - ")
 """verl's console step line; the primary task's rank 0 is watched for it to inject preemptions."""
@@ -310,6 +318,7 @@ class TaskRun:
             "PATH": f"{self._shims_path()}:{node.root / BASE_ENV}/bin:/usr/local/bin:/usr/bin:/bin",
             ENV_BASE_ENV: str(node.root / BASE_ENV),
             ENV_ON_NODE: "1",
+            ENV_CPU_THREADS: str(STANDIN_THREADS),  # the eval's vLLM stood in by transformers on the CPU
             "SKYPILOT_NODE_RANK": str(node.rank),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * num_nodes),
             "SKYPILOT_NUM_NODES": str(num_nodes),
@@ -461,7 +470,7 @@ class JobController:
 
     def __init__(self, path: Path):
         self.path = path
-        self.info = _read_json(path / "job.json")
+        self.info = read_json(path / "job.json")
         self.exec_mode = self.info.get("kind") == "cluster"
         self.cluster_path = Path(self.info["state_dir"]) / "clusters" / str(self.info.get("cluster"))
         self.log = JobLog(path / "run.log")
@@ -481,7 +490,7 @@ class JobController:
         """The job's own network namespace, which every node of every task joins (`network`)."""
 
     def event(self, name: str, **fields: Any) -> None:
-        _append_event(self.path, name, **fields)
+        append_event(self.path, name, **fields)
 
     def run(self) -> None:
         self._set_state(controller_pid=os.getpid())
@@ -555,7 +564,7 @@ class JobController:
             self.tasks = [TaskRun(self, 0, task, True, watch_steps=True)]
             self.termination_delay = {}
             if self.exec_mode:
-                cluster = _read_json(self.cluster_path / "cluster.json")
+                cluster = read_json(self.cluster_path / "cluster.json")
                 if int(task.num_nodes or 1) > int(cluster["num_nodes"]):
                     raise ValueError(f"task needs {task.num_nodes} nodes, cluster {cluster['name']} has "
                                      f"{cluster['num_nodes']}")
@@ -639,7 +648,7 @@ class JobController:
         self.log.say(f"job {self.info['job_id']} {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
 
     def _set_state(self, **changes: Any) -> None:
-        _update_state(self.path, **changes)
+        update_state(self.path, **changes)
 
 
 # --- node preparation ---------------------------------------------------------------------------------------
@@ -882,7 +891,7 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m verl_grpo.rehearsal.controller JOB_DIR", file=sys.stderr)
+        print("usage: python -m verl_grpo_rehearsal.controller JOB_DIR", file=sys.stderr)
         return 2
     controller = JobController(Path(argv[0]).absolute())
     signal.signal(signal.SIGTERM, lambda *_: setattr(controller, "cancel_requested", True))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from verl_grpo.config import RunConfig
 from verl_grpo.local_paths import state_dir
-from verl_grpo.rehearsal import ENV_DIR, ENV_DRIVER, ENV_FAIL_AT, ENV_PREEMPT_AT
+from verl_grpo_rehearsal import ENV_DRIVER, ENV_FAIL_AT, ENV_PREEMPT_AT, launch_env
 
 BUCKET = "verl-grpo-rehearsal"
 DEFAULT_ACCELERATORS = "H100:1"
@@ -51,11 +51,11 @@ def rehearsal_session(cfg: RunConfig, preempt_at: Sequence[int] = (), fail_at: i
                       root: Path | None = None, driver: str | None = None) -> Iterator[Session]:
     """Set up a rehearsal for cfg (the config as the user gave it) and tear everything down afterwards. `driver`: the
     NVIDIA driver version its GPU nodes report (`nvidia-smi`), else the rehearsal's default."""
-    from verl_grpo.rehearsal import sky_boundary
+    from verl_grpo_rehearsal import sky_boundary
 
     root = root or state_dir() / "rehearsals" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     root.mkdir(parents=True, exist_ok=True)
-    env = {ENV_DIR: str(root / "sky"), ENV_PREEMPT_AT: ",".join(str(s) for s in sorted(set(preempt_at)))}
+    env = {**launch_env(str(root / "sky")), ENV_PREEMPT_AT: ",".join(str(s) for s in sorted(set(preempt_at)))}
     if fail_at is not None:
         env[ENV_FAIL_AT] = str(fail_at)
     if driver is not None:
