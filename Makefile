@@ -13,8 +13,8 @@ RUN_ARGS ?=
 
 # Python writes the bytecode of each module it imports, once (into .venv and this checkout's __pycache__, which git
 # ignores): on a machine that sets PYTHONDONTWRITEBYTECODE, as this one does, every process of a run or a test run
-# (some thousand) would compile every module it imports again. Only what is imported gets compiled: the install no
-# longer compiles all 30,000 files of the venv (63 s on 2 cores).
+# (some thousand) would compile every module it imports again. Only what is imported gets compiled: the install
+# compiles nothing, since compiling every file of the venv up front costs far more than the modules a run imports.
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install run lint browser test test-fast bench lock clean serve stop
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --upgrade pip uv==0.13.9
 	# The CPU build of torch lies on local disk (pip's find-links); installing it first keeps the CUDA build out.
 	$(PY) -m pip install -q --no-compile torch==2.13.0
-	# uv installs the locked set in ~10 s where pip takes ~60 (the same versions: the lock pins every package, torch
+	# uv installs the locked set several times faster than pip (the same versions: the lock pins every package, torch
 	# included, which uv finds installed); pip is the fallback should uv fail on a machine.
 	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements.lock -e '.[test]' || \
 	  { echo "uv failed; installing with pip"; $(PY) -m pip install -q --no-compile -c requirements.lock -e '.[test]'; }

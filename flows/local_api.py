@@ -27,8 +27,8 @@ def use_local_prefect() -> None:
     ensure_state_dir()
     home = ensure_dir(prefect_home(), "PREFECT_HOME")
     os.environ["PREFECT_HOME"] = str(home)  # absolute: Prefect and its ephemeral API read it
-    # Prefect waits 20 s for its ephemeral API; a busy 2-core machine (a test run beside) can need longer. A server
-    # that died is reported after this too, so it stays bounded.
+    # Prefect waits 20 s for its ephemeral API; a machine busy with other work (a test run beside) can need longer.
+    # A server that died is reported after this too, so it stays bounded.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_START_TIMEOUT_S)
     if not os.environ.get("PREFECT_API_URL"):
         start_ephemeral_api(home / EPHEMERAL_LOG)

@@ -123,6 +123,6 @@ def mark_training_started(store: Store, run_id: str) -> None:
 
 
 def training_started_at(store: Store, run_id: str) -> float | None:
-    """Unix time training of `run_id` first started; runs recorded before that was kept give their creation time."""
+    """Unix time training of `run_id` first started; a run record without it gives its creation time."""
     record = read_run(store, run_id) or {}
     return record.get("training_started_at", record.get("created_at"))

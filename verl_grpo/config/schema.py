@@ -549,8 +549,8 @@ class VerlConfig(_Section):
     """Sequences per GPU per forward/backward pass (actor, ref and log-prob recomputation)."""
     attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
     """Attention of the trained models (actor, ref, critic). `sdpa` (torch's own, nothing to install) computes each
-    sequence at its padded length (use_remove_padding off): 1.2-1.5x the update time and up to 2x its peak memory of
-    flash-attn's packed rows on the gsm8k shape (bench/results/gpu_attention.md). `flash_attention_2` turns
+    sequence at its padded length (use_remove_padding off): a slower update with a higher peak memory than
+    flash-attn's packed rows (bench/results/gpu_attention.md has the gsm8k shape's figures). `flash_attention_2` turns
     use_remove_padding on and needs flash-attn built for the nodes' torch (2.11 with verl[vllm]==0.9.1), which verl's
     [vllm] extra does not bring: name its wheel in skypilot.node_packages."""
     critic_lr: float = Field(1e-5, gt=0)

@@ -38,8 +38,8 @@ from verl_grpo.trainers.trl.tools import tool_result_tokens, uses_search
 
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]
-# transformers' from_pretrained is not thread-safe (measured with 5.10: concurrent loads leave tied weights
-# "missing", randomly re-initialised, or on the meta device), and the flow evaluates models in parallel threads.
+# transformers' from_pretrained is not thread-safe (concurrent loads can leave tied weights "missing", randomly
+# re-initialised, or on the meta device), and the flow evaluates models in parallel threads.
 _MODEL_LOAD = threading.Lock()
 
 

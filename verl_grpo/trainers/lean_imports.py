@@ -3,7 +3,7 @@
 transformers and TRL import PEFT, W&B, MLflow and scikit-learn at import time whenever they are installed
 (`trl/extras/profiling.py`: `if is_wandb_available(): import wandb`, the same for mlflow; TRL's GRPO trainer: peft;
 transformers' `generation/candidate_generator.py`: sklearn.metrics). verl's dependencies install all four, and
-importing them is ~8 s of CPU at every worker start on 2 cores (the TRL worker's imports: 16 s → 7 s). A worker
+importing them costs CPU seconds at every worker start, a large share of the worker's imports. A worker
 uses none of them: TRL reports to nothing (`report_to=[]`), LoRA exists on the verl path only, and metrics reach
 MLflow and W&B from the flow, which reads the worker's metrics.jsonl.
 

@@ -22,7 +22,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
 
 ENDPOINT_TIMEOUT_S = 2.0
-"""TCP connect timeout of the storage.endpoint_url check (the dry run stays well under 15 s)."""
+"""TCP connect timeout of the storage.endpoint_url check: short, so an unreachable endpoint cannot stall the dry run."""
 CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 """What the tasks need to reach the store: the launch passes exactly these (and AWS_SESSION_TOKEN when set) from
 this environment as SkyPilot secrets (templates.launch_secrets); a profile in ~/.aws is never sent to a cluster."""
