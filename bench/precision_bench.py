@@ -88,7 +88,7 @@ def main() -> None:
     native = native_bf16(use_cpu=True)
     text = f"""# Precision: fp32 against bf16 mixed precision (`trainer.precision`)
 
-Written by `bench/precision_bench.py`. SmolLM2-135M-Instruct (float32 master weights), torch threads
+Written by `bench/precision_bench.py` on {time.strftime('%Y-%m-%d')}. SmolLM2-135M-Instruct (float32 master weights), torch threads
 {torch.get_num_threads()}; bf16 = Accelerate's autocast, as the trl backend's Trainer runs it (also around
 `generate`). Both sides in one run, one after the other.
 
@@ -104,9 +104,10 @@ Numerics (the same 2 × 192 tokens): per-token log-prob mean |bf16 - fp32| = {di
 {diff.max().item():.4f}; tolerance {LOGP_MEAN_ABS_TOL}), loss {loss32:.5f} (fp32) vs {loss16:.5f} (bf16), relative
 difference {loss_rel:.1e} (tolerance {LOSS_REL_TOL:g}): {'within' if diff.mean().item() <= LOGP_MEAN_ABS_TOL and loss_rel <= LOSS_REL_TOL else 'OUTSIDE'} the tolerance.
 
-Without native bf16, torch emulates bf16 through float32 conversions and the step gets slower, which is why `auto`
-keeps fp32 on such a CPU; on a CPU with AVX512-BF16 (the machine #28 was measured on: generate 1.5x, forward +
-backward 1.6x faster in bf16) `auto` takes bf16.
+Other hosts (earlier runs, not repeated by this one):
+- x86_64, torch CPU capability AVX2, no native bf16 (2026-11-26, this page at 2d11c26): generate 0.50x (5.67 s
+  fp32, 11.44 s bf16), update 0.07x (6.52 s fp32, 91.94 s bf16).
+- the AVX512-BF16 host of issue #28: generate 1.5x, forward + backward 1.6x.
 """
     RESULTS.write_text(text)
     print(text)

@@ -446,14 +446,11 @@ def main() -> None:
     print(report)
 
 
-GAP_NOTES = """### Why `make run` steps took 47–64 s when an earlier round saw 19–22 s
+GAP_NOTES = """### Step time beside other load: threads and OMP wait policy
 
-Cause: other processes on this shared 2-core machine, amplified by `trainer.threads: 2` (every core). torch's
-OpenMP team needs both of its threads at every parallel region (a decode step is hundreds of small ones); when
-another process holds a core, each region waits for the descheduled thread, so a 2-thread step slows several-fold
-beside one busy process, while a 1-thread step only shares its core. The probe above shows it; at full length,
-measured on 2026-11-24 with a fixed 8 rows × 64 tokens generate and one forward/backward/AdamW update
-(SmolLM2-135M, float32; "alone" = the quietest runs, the machine's other load was never zero):
+Measured on 2026-11-24 on this 2-core host: a fixed 8 rows × 64 tokens generate and one forward/backward/AdamW update
+(SmolLM2-135M, float32; "alone" = the quietest runs, the machine's other load was never zero; "busy process" = a
+one-thread Python loop):
 
 | setting | generate | update |
 |---|---:|---:|
@@ -464,32 +461,28 @@ measured on 2026-11-24 with a fixed 8 rows × 64 tokens generate and one forward
 | 2 threads + one busy process, OMP_WAIT_POLICY=PASSIVE | 16–27 s | 18–20 s |
 | 2 threads, alone, OMP_WAIT_POLICY=PASSIVE | 10.0–13.8 s | 8.9–15.3 s |
 
-The 19–22 s of the earlier round is this profile's step on a quiet machine; 47–64 s is the same step while other
-work holds a core for part of it. During this investigation other sessions' test suites and `make run`s kept the
-load average at 1–9: the same `make run` step 1 took 99 s, and this bench's step times swung between 26 s and
-248 s from one step to the next, on both sides alike.
+- `make run` step time, same profile: 19–22 s on a quiet machine, 47–64 s while other work held a core.
+- Load average during these measurements: 1–9; `make run` step 1 under that load: 99 s; this bench's step times:
+  26–248 s from one step to the next, on both sides alike.
+- `trainer.threads: 1` against 2 on an idle machine: about 1.4× slower; OMP_WAIT_POLICY=PASSIVE: about 5× less
+  busy-machine penalty, 20–45 % slower when idle.
 
-Not the cause (checked):
-- `make run` itself: sampled from /proc every 10 s during training, the CLI/flow process used 0 % and its Prefect
-  API server 1 % of a core; the base and trained evals run after training (`chain.run_chain`), not beside it.
-- our worker vs bare TRL: same step time within noise (the table above; 0.99x at 1 thread, where noise is
-  smaller); only our two compute threads are busy during a step.
-- the reward server: not enabled by the gsm8k/local profile; in-process scoring takes ~1 ms a step.
-- generation without KV cache: `use_cache` is on in the model and generation configs and TRL leaves it on; a
-  cache-less generate of the same 8 rows × 16 tokens took 15.5 s instead of 2.3 s, and the gap widens with length.
+Other factors measured at the same time:
+- `make run`'s own processes (sampled from /proc every 10 s during training): the CLI/flow process 0 %, its Prefect
+  API server 1 % of a core; the base and trained evals run after training (`chain.run_chain`).
+- our worker vs bare TRL: the same step time within noise (the table above; 0.99x at 1 thread).
+- the reward server: not enabled by the gsm8k/local profile; in-process scoring: ~1 ms a step.
+- KV cache: on in the model and generation configs; a cache-less generate of the same 8 rows × 16 tokens: 15.5 s
+  against 2.3 s.
 - padding: TRL left-pads each step's prompts to the longest; the same config and seed give the same prompts and
-  shapes in every run, so padding cannot make one run 2.5× slower than another.
-- gradient checkpointing, torch.compile: off (`gradient_checkpointing=False`; TRL builds its GenerationConfig with
+  shapes in every run.
+- gradient checkpointing, torch.compile: off (`gradient_checkpointing=False`; TRL's GenerationConfig has
   `disable_compile=True`).
-- float32 vs bf16: float32 in every run (`model.dtype` float32, `bf16=False`). (This EPYC has AVX512-BF16: a bf16
-  576×1536 matmul ran ~2× faster than float32 in a quick test, an opening to evaluate separately, not the cause.)
-- tokenizers parallelism: the worker runs with TOKENIZERS_PARALLELISM=false.
-- checkpoint uploads: they run on a background thread (training waited 0.00 s for them); an upload is ~1.5 s of
-  CPU (sha256 + copy of 1.6 GB) and added ~0.9 s to a 2-thread generate it overlapped.
-
-Remedy (configuration, not code): keep the machine otherwise idle during `make run`, or use `trainer.threads: 1`
-on a shared 2-core machine (about 1.4× slower when idle, barely affected by one other busy process).
-OMP_WAIT_POLICY=PASSIVE was not adopted: it cuts the busy-machine penalty ~5× but costs 20–45 % when idle.
+- precision: float32 in every run (`model.dtype` float32, `bf16=False`); on this AVX512-BF16 EPYC a bf16 576×1536
+  matmul: ~2× faster than float32 (bench/results/precision.md measures a whole step).
+- tokenizers parallelism: TOKENIZERS_PARALLELISM=false in the worker.
+- checkpoint uploads (background thread): training waited 0.00 s for them; an upload is ~1.5 s of CPU (sha256 + copy
+  of 1.6 GB) and added ~0.9 s to a 2-thread generate it overlapped.
 """
 
 
@@ -522,6 +515,8 @@ def render(cfg, facts, gflops, bandwidth, bound, ours_runs, bare_runs, contentio
     share = lambda x: f"{100 * x / part['step']:.0f} %"  # noqa: E731
     lines = [
         "# TRL training step: ours vs bare TRL GRPOTrainer",
+        "",
+        f"Written by `python bench/trl_step_bench.py` on {time.strftime('%Y-%m-%d')}.",
         "",
         f"Settings from `-c {' -c '.join(CONFIGS)}` (the `make run` profile): SmolLM2-135M-Instruct (float32), "
         f"{alg.train_batch_size} prompts × {alg.rollouts} rollouts per step, max_response_length "
