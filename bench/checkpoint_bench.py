@@ -233,10 +233,9 @@ def main() -> None:
              "| method | seconds | MB/s | CheckpointStore speed-up |", "|---|---:|---:|---:|"]
     for label, seconds, mbps in upload:
         lines.append(f"| {label} | {seconds:.1f} | {mbps:.0f} | {seconds / store_s:.2f}x |")
-    lines += ["", ("Goal ≥3x. s3fs's `put_file` already uploads 10 parts of one file at a time above 100 MiB, so the "
-                   "defaults loop is itself concurrent; against moto, which handles requests in one Python process, "
-                   "more concurrency cannot buy much. The store's gain is in files uploading side by side, bounded "
-                   "memory (≤256 MiB in flight) and the sha256 manifest it computes on the way."), "",
+    lines += ["", ("Goal ≥3x. s3fs's `put_file` uploads 10 parts of one file at a time above 100 MiB (the defaults "
+                   "loop is concurrent too); moto handles requests in one Python process. CheckpointStore uploads "
+                   "files side by side with ≤256 MiB in flight and computes the sha256 manifest on the way."), "",
               "## P4b training stall with background uploads (tiny model, 12 steps)", "",
               "| setting | s/step | waited on uploads (s) | train_runtime (s) | stall |", "|---|---:|---:|---:|---:|"]
     for label, per_step, waited, runtime in stall:
