@@ -88,8 +88,8 @@ def main() -> None:
     native = native_bf16(use_cpu=True)
     text = f"""# Precision: fp32 against bf16 mixed precision (`trainer.precision`)
 
-Written by `bench/precision_bench.py` on {time.strftime('%Y-%m-%d')}. SmolLM2-135M-Instruct (float32 master weights), torch threads
-{torch.get_num_threads()}; bf16 = Accelerate's autocast, as the trl backend's Trainer runs it (also around
+Written by `bench/precision_bench.py` on {time.strftime('%Y-%m-%d')}. SmolLM2-135M-Instruct (float32 master
+weights), torch threads {torch.get_num_threads()}; bf16 = Accelerate's autocast, as the trl backend's Trainer runs it (also around
 `generate`). Both sides in one run, one after the other.
 
 This machine: {platform.processor() or platform.machine()}, torch CPU capability {torch.backends.cpu.get_cpu_capability()},
