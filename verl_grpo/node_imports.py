@@ -30,7 +30,7 @@ from verl_grpo.errors import ConfigError
 from verl_grpo.pip_args import install_args
 
 PACKAGE = "verl_grpo"
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 VERL_LOGGER_IMPORTS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard", "swanlab": "swanlab"}
 """verl's `Tracking` imports these for the named `trainer.logger` backends (verl/utils/tracking.py)."""
 _ENTRY = re.compile(r"(?:python3?\s+-m\s+|pkg://)(verl_grpo(?:\.\w+)*)|=(verl_grpo(?:\.\w+)*)\.[A-Z]\w*")
