@@ -5,9 +5,9 @@ from __future__ import annotations
 import typing
 
 from verl_grpo.config import load_config
+from verl_grpo.config.placement import PLACEMENTS, placement
 from verl_grpo.config.schema import InfraConfig
 from verl_grpo.providers import PROVIDERS
-from verl_grpo.providers.placement import PLACEMENTS, placement
 
 
 def test_every_provider_the_config_accepts_has_a_placement_and_a_class():

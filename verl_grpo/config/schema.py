@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from verl_grpo.config.placement import placement
 from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import state_dir
 
@@ -853,7 +854,7 @@ class RunConfig(_Section):
     def _job_group_runs_a_service(self) -> RunConfig:
         """A SkyPilot job group is training plus services: with none named, it runs the reward server, which verl's
         reward function then calls (the job group's reason to exist); the resolved config records it."""
-        if _placement(self).shape == "job_group" and not self.services.enabled:
+        if placement(self).shape == "job_group" and not self.services.enabled:
             self.services.enabled = ["reward"]
         return self
 
@@ -862,7 +863,7 @@ class RunConfig(_Section):
         """The rollout group runs verl's fully-async trainer beside the data-server (the dataset version it trains
         on), the reward-server (its reward function) and the replay buffer when no service is named; the resolved
         config records it."""
-        if _placement(self).fully_async and not self.services.enabled:
+        if placement(self).fully_async and not self.services.enabled:
             self.services.enabled = ["data", "reward", "replay"]
         return self
 
@@ -968,11 +969,6 @@ _SERVICE_RESOURCES = {"cpus", "memory", "accelerators", "replicas"}
 _NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"},
                      "services": {name: _SERVICE_RESOURCES for name in get_args(ServiceName)}}
 
-def _placement(cfg: RunConfig):
-    from verl_grpo.providers.placement import placement  # at call time: providers import this module
-
-    return placement(cfg)
-
 
 def _when_chosen(plugin: str) -> Callable[[RunConfig], bool]:
     """A section named after a provider or trainer backend is read only by runs that choose that plugin."""
@@ -986,7 +982,7 @@ SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
     "warm_start": lambda cfg: cfg.warm_start.enabled,
     "reward": lambda cfg: bool(cfg.reward.path),
     "dataset.reasoning_gym": lambda cfg: cfg.dataset.name == "reasoning_gym",
-    "async_training": lambda cfg: cfg.trainer.backend == "loop" or _placement(cfg).fully_async,
+    "async_training": lambda cfg: cfg.trainer.backend == "loop" or placement(cfg).fully_async,
     **{f"services.{name}": (lambda cfg, name=name: name in cfg.services.enabled) for name in get_args(ServiceName)},
 }
 """The config sections only some runs read (keyed by dotted prefix), and when a run reads them; every other
