@@ -851,32 +851,6 @@ class RunConfig(_Section):
     """The asynchronous rollout/update loop (trainer.backend=loop here; verl's fully-async trainer on GPU clusters)."""
 
     @model_validator(mode="after")
-    def _job_group_runs_a_service(self) -> RunConfig:
-        """A SkyPilot job group is training plus services: with none named, it runs the reward server, which verl's
-        reward function then calls (the job group's reason to exist); the resolved config records it."""
-        if placement(self).shape == "job_group" and not self.services.enabled:
-            self.services.enabled = ["reward"]
-        return self
-
-    @model_validator(mode="after")
-    def _rollout_group_services(self) -> RunConfig:
-        """The rollout group runs verl's fully-async trainer beside the data-server (the dataset version it trains
-        on), the reward-server (its reward function) and the replay buffer when no service is named; the resolved
-        config records it."""
-        if placement(self).fully_async and not self.services.enabled:
-            self.services.enabled = ["data", "reward", "replay"]
-        return self
-
-    @model_validator(mode="after")
-    def _loop_runs_its_services(self) -> RunConfig:
-        """trainer.backend=loop reads prompts from the data-server, rewards from the reward-server and replayed groups
-        from the replay buffer: they are added to services.enabled when missing (the resolved config records it)."""
-        if self.trainer.backend == "loop":
-            missing = [name for name in ("data", "reward", "replay") if name not in self.services.enabled]
-            self.services.enabled = [*self.services.enabled, *missing]
-        return self
-
-    @model_validator(mode="after")
     def _warm_start_backend(self) -> RunConfig:
         if self.warm_start.enabled and self.trainer.backend == "verl":
             raise ValueError("warm_start.enabled runs on trainer.backend=trl or loop only (the verl backend has no SFT "
