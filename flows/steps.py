@@ -13,9 +13,9 @@ from tasks.provision import provision, teardown
 from tasks.register import register
 from tasks.train import train, train_tag
 from verl_grpo.chain import Evals, ResolvedRun
+from verl_grpo.config.search import uses_search
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
 from verl_grpo.evaluate.held_out import RunModel, WarmStartModel, warm_start_model, without_tools_after_trained
-from verl_grpo.trainers.trl.tools import uses_search
 
 
 class PrefectSteps:
