@@ -3,6 +3,7 @@ evals running concurrently on the run's task runner."""
 
 from __future__ import annotations
 
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
 
@@ -14,8 +15,14 @@ from tasks.register import register
 from tasks.train import train, train_tag
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
-from verl_grpo.held_out import RunModel, WarmStartModel, warm_start_model, without_tools_after_trained
-from verl_grpo.trainers.trl.tools import uses_search
+from verl_grpo.eval_plan import BASE, TRAINED, TRAINED_WITHOUT_TOOLS, WARM_START, eval_plan
+from verl_grpo.held_out import (
+    EvalTarget,
+    RunModel,
+    WarmStartModel,
+    warm_start_model,
+    without_tools_after_trained,
+)
 
 
 class PrefectSteps:
@@ -29,19 +36,24 @@ class PrefectSteps:
         return train.with_options(tags={train_tag(run)})(run, dataset, cluster)
 
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
-        """Base (cached across runs), warm start (when the run had one) and trained model at once (and, for a run with
-        the search tool, the trained model without it), on threads or Ray workers (local or a cluster)."""
+        """The evals of the run's eval plan (eval_plan.eval_plan) at once, each after those it waits for, on threads
+        or Ray workers (local or a cluster)."""
         warm_uri = warm_start_model(run.cfg, run.run_id)
+        model = RunModel(run.run_id, result.model_uri)
+        targets: dict[str, EvalTarget] = {BASE: None, TRAINED: model}
+        if warm_uri:
+            targets[WARM_START] = WarmStartModel(warm_uri)
+        plan = eval_plan(run.cfg, warm_start=bool(warm_uri),
+                         without_tools_after_trained=without_tools_after_trained(run.cfg))
         with task_runner(run.cfg.orchestration) as runner:
-            base = submit_eval(runner, run, dataset)
-            warm = submit_eval(runner, run, dataset, WarmStartModel(warm_uri)) if warm_uri else None
-            model = RunModel(run.run_id, result.model_uri)
-            trained = submit_eval(runner, run, dataset, model)
-            plain = runner.submit(evaluate_without_tools, {"run": run, "dataset": dataset, "trained": model},
-                                  wait_for=[trained] if without_tools_after_trained(run.cfg) else None) \
-                if uses_search(run.cfg) else None
-            return Evals(base=base.result(), trained=trained.result(), warm_start=warm.result() if warm else None,
-                         trained_without_tools=plain.result() if plain else None)
+            futures: dict[str, PrefectFuture] = {}
+            for step in plan:
+                wait_for = [futures[name] for name in step.waits_for] or None
+                futures[step.name] = (
+                    runner.submit(evaluate_without_tools, {"run": run, "dataset": dataset, "trained": model},
+                                  wait_for=wait_for) if step.name == TRAINED_WITHOUT_TOOLS
+                    else submit_eval(runner, run, dataset, targets[step.name], wait_for=wait_for))
+            return Evals(**{name: future.result() for name, future in futures.items()})
 
     def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion:
         return register(run, dataset, result, evals, tracking_tags(run))

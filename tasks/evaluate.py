@@ -51,17 +51,19 @@ def finish_eval(run: ResolvedRun, dataset: DatasetVersion, shards: Sequence[Eval
     return held_out.score_shards(run.cfg, dataset, shards, model)
 
 
-def submit_eval(runner: TaskRunner, run: ResolvedRun, dataset: DatasetVersion,
-                model: EvalTarget = None) -> PrefectFuture[EvalReport]:
-    """Submit one model's eval to `runner`: the base model (model None), a run's warm start or its trained model;
-    split into evaluate-shard tasks and a finish-eval task that waits for them when held_out.shard_count says so."""
+def submit_eval(runner: TaskRunner, run: ResolvedRun, dataset: DatasetVersion, model: EvalTarget = None,
+                wait_for: Sequence[PrefectFuture] | None = None) -> PrefectFuture[EvalReport]:
+    """Submit one model's eval to `runner`, started once `wait_for` have finished: the base model (model None), a
+    run's warm start or its trained model; split into evaluate-shard tasks and a finish-eval task that waits for them
+    when held_out.shard_count says so."""
     shards = held_out.shard_count(run.cfg, model)
     if shards == 1:
         if model is None:
-            return runner.submit(evaluate_base, {"run": run, "dataset": dataset})
+            return runner.submit(evaluate_base, {"run": run, "dataset": dataset}, wait_for=wait_for)
         if isinstance(model, WarmStartModel):
-            return runner.submit(evaluate_warm_start, {"run": run, "dataset": dataset, "warm_start": model})
-        return runner.submit(evaluate, {"run": run, "dataset": dataset, "trained": model})
-    parts = [runner.submit(eval_shard, {"run": run, "dataset": dataset, "shard": i, "model": model})
-             for i in range(shards)]
+            return runner.submit(evaluate_warm_start, {"run": run, "dataset": dataset, "warm_start": model},
+                                 wait_for=wait_for)
+        return runner.submit(evaluate, {"run": run, "dataset": dataset, "trained": model}, wait_for=wait_for)
+    parts = [runner.submit(eval_shard, {"run": run, "dataset": dataset, "shard": i, "model": model},
+                           wait_for=wait_for) for i in range(shards)]
     return runner.submit(finish_eval, {"run": run, "dataset": dataset, "shards": parts, "model": model})

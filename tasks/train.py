@@ -7,8 +7,8 @@ from tasks.policy import RETRIED_STEP
 from tasks.progress import TrainingProgressArtifacts
 from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
+from verl_grpo.config.placement import placement
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult
-from verl_grpo.providers.placement import placement
 
 TRAIN_CONCURRENCY_TAG = "verl-grpo-train"
 """Tag of every train task run on this machine (infra.provider=local); a tag concurrency limit of 1 on it (`make

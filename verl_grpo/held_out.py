@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import uses_search
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import InfraError
 from verl_grpo.evaluate.runner import (
@@ -39,7 +40,6 @@ from verl_grpo.evaluate.runner import (
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_report, eval_table, warm_start_model_dir, warm_start_result
-from verl_grpo.trainers.trl.tools import uses_search
 
 
 @dataclass(frozen=True)

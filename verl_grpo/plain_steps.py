@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from verl_grpo import runs
 from verl_grpo.chain import Evals, Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
-from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, RunCost, TrainResult
+from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.data.task_check import check_task
 from verl_grpo.errors import Preempted, error_class
+from verl_grpo.eval_plan import BASE, TRAINED, TRAINED_WITHOUT_TOOLS, WARM_START, eval_plan
 from verl_grpo.local_paths import ensure_local_dirs, ensure_state_dir
 from verl_grpo.providers.base import LineSink
 from verl_grpo.store import Store
@@ -165,20 +166,26 @@ class PlainSteps:
         return train(run, dataset, cluster, on_line=self.on_line)
 
     def evaluate(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult) -> Evals:
+        """The evals of the run's eval plan (eval_plan.eval_plan), one after another in the plan's order."""
         from verl_grpo.held_out import (
             evaluate_base,
             evaluate_cached_model,
             evaluate_trained,
             evaluate_trained_without_tools,
             warm_start_model,
+            without_tools_after_trained,
         )
 
-        warm_uri = warm_start_model(run.cfg, run.run_id)
-        return Evals(base=evaluate_base(run.cfg, dataset),
-                     trained=evaluate_trained(run.cfg, dataset, run.run_id, result.model_uri, on_line=self.on_line),
-                     warm_start=evaluate_cached_model(run.cfg, dataset, warm_uri) if warm_uri else None,
-                     trained_without_tools=evaluate_trained_without_tools(run.cfg, dataset, run.run_id,
-                                                                          result.model_uri))
+        cfg = run.cfg
+        warm_uri = warm_start_model(cfg, run.run_id)
+        run_eval: dict[str, Callable[[], EvalReport | None]] = {
+            BASE: lambda: evaluate_base(cfg, dataset),
+            WARM_START: lambda: evaluate_cached_model(cfg, dataset, warm_uri),
+            TRAINED: lambda: evaluate_trained(cfg, dataset, run.run_id, result.model_uri, on_line=self.on_line),
+            TRAINED_WITHOUT_TOOLS: lambda: evaluate_trained_without_tools(cfg, dataset, run.run_id, result.model_uri),
+        }
+        plan = eval_plan(cfg, warm_start=bool(warm_uri), without_tools_after_trained=without_tools_after_trained(cfg))
+        return Evals(**{step.name: run_eval[step.name]() for step in plan})
 
     def register(self, run: ResolvedRun, dataset: DatasetVersion, result: TrainResult, evals: Evals) -> ModelVersion:
         return register(run, dataset, result, evals)

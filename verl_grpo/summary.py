@@ -9,9 +9,9 @@ from pathlib import Path
 from verl_grpo.chain import Outcome
 from verl_grpo.comparison import MetricChange, grpo_line, tools_line
 from verl_grpo.config import RunConfig
+from verl_grpo.config.placement import placement
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion
 from verl_grpo.mirrors import warning_line
-from verl_grpo.providers.placement import placement
 from verl_grpo.reward_curve import curve_markdown, curve_text
 from verl_grpo.store_layout import DATASET_REJECTED
 

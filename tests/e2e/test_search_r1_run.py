@@ -149,7 +149,7 @@ def test_a_gpu_launch_rehearsal_runs_verls_tool_loop_against_the_job_groups_retr
     overrides = [
         *SEARCH, f"model.name={model}", f"services.retrieval.corpus={search_run.corpus}",
         # verl drops a tool result that would overflow the rollout (tool_agent_loop.py); the tiny BPE spends 2.3
-        # characters a token, under the 3 that tools.CHARS_PER_TOKEN bounds real vocabularies with
+        # characters a token, under the 3 that config.search.CHARS_PER_TOKEN bounds real vocabularies with
         "services.retrieval.max_result_chars=300",
         "algorithm.total_steps=2", "algorithm.save_freq=2", "algorithm.train_batch_size=2", "algorithm.rollouts=4",
         "warm_start.enabled=false", "eval.batch_size=4", "trainer.backend=verl", "infra.provider=skypilot",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import typing
 
-from verl_grpo.config import load_config
+from verl_grpo.config import RunConfig, load_config
+from verl_grpo.config.defaults import resolve_defaults
+from verl_grpo.config.placement import PLACEMENTS, placement
 from verl_grpo.config.schema import InfraConfig
 from verl_grpo.providers import PROVIDERS
-from verl_grpo.providers.placement import PLACEMENTS, placement
 
 
 def test_every_provider_the_config_accepts_has_a_placement_and_a_class():
@@ -25,3 +26,17 @@ def test_local_runs_here_and_skypilot_shapes_and_clusters_are_its_own():
     existing = placement(load_config([], ["trainer.backend=verl", "infra.provider=skypilot",
                                           "skypilot.cluster=my-h100s"], env={}))
     assert (existing.shape, existing.existing_cluster) == ("multinode", "my-h100s")
+
+
+def test_the_services_a_placement_implies_are_resolved_once_after_validation_and_resolve_to_themselves():
+    sky = ["trainer.backend=verl", "infra.provider=skypilot", "warm_start.enabled=false"]
+    assert RunConfig.model_validate({"infra": {"provider": "skypilot"}, "trainer": {"backend": "verl"},
+                                     "skypilot": {"shape": "job_group"}}).services.enabled == []  # validation only
+    cases = {("skypilot.shape=job_group",): ["reward"],
+             ("skypilot.shape=job_group", "services.enabled=[retrieval]"): ["retrieval"],
+             ("skypilot.shape=rollout_group",): ["data", "reward", "replay"],
+             ("skypilot.shape=multinode",): []}
+    for overrides, enabled in cases.items():
+        cfg = load_config([], [*sky, *overrides], env={})
+        assert cfg.services.enabled == enabled, overrides
+        assert resolve_defaults(cfg) == cfg

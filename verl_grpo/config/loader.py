@@ -1,6 +1,7 @@
 """Loading: YAML files (paths or shipped profiles), env knobs and dotted overrides merged into one RunConfig.
 
-Unknown keys and invalid values become one ConfigError naming the key (and the nearest valid one).
+Unknown keys and invalid values become one ConfigError naming the key (and the nearest valid one). The validated
+config then gets the settings it implies (`defaults.resolve_defaults`), the one place a loaded value is filled in.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from verl_grpo.config.defaults import resolve_defaults
 from verl_grpo.config.schema import DatasetName, RunConfig, accepts_empty
 from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import configs_dir
@@ -75,7 +77,8 @@ def load_config(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> RunConfig:
-    """Merge files, env knobs and overrides into a validated RunConfig, or raise ConfigError.
+    """Merge files, env knobs and overrides into a validated RunConfig with its implied settings resolved
+    (`resolve_defaults`: the services its placement and backend need), or raise ConfigError.
 
     An env knob that is set must hold a value (unset it for the default); so must every `-o key=value`, except
     for the fields that accept an empty string (`accepts_empty`). A value that does not parse as its field's type
@@ -116,7 +119,7 @@ def load_config(
         raise ConfigError(f"env var CRITIC_LR: the critic's learning rate is only used by PPO with a critic "
                           f"(verl.adv_estimator=gae), and this run uses {cfg.verl.adv_estimator!r}; set "
                           "-o verl.adv_estimator=gae or unset CRITIC_LR")
-    return cfg
+    return resolve_defaults(cfg)
 
 
 def _dataset_name(documents: Sequence[Mapping[str, Any]], env: Mapping[str, str], overrides: Sequence[str]) -> Any:

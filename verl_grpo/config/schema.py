@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from verl_grpo.config.placement import placement
 from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import state_dir
 
@@ -850,32 +851,6 @@ class RunConfig(_Section):
     """The asynchronous rollout/update loop (trainer.backend=loop here; verl's fully-async trainer on GPU clusters)."""
 
     @model_validator(mode="after")
-    def _job_group_runs_a_service(self) -> RunConfig:
-        """A SkyPilot job group is training plus services: with none named, it runs the reward server, which verl's
-        reward function then calls (the job group's reason to exist); the resolved config records it."""
-        if _placement(self).shape == "job_group" and not self.services.enabled:
-            self.services.enabled = ["reward"]
-        return self
-
-    @model_validator(mode="after")
-    def _rollout_group_services(self) -> RunConfig:
-        """The rollout group runs verl's fully-async trainer beside the data-server (the dataset version it trains
-        on), the reward-server (its reward function) and the replay buffer when no service is named; the resolved
-        config records it."""
-        if _placement(self).fully_async and not self.services.enabled:
-            self.services.enabled = ["data", "reward", "replay"]
-        return self
-
-    @model_validator(mode="after")
-    def _loop_runs_its_services(self) -> RunConfig:
-        """trainer.backend=loop reads prompts from the data-server, rewards from the reward-server and replayed groups
-        from the replay buffer: they are added to services.enabled when missing (the resolved config records it)."""
-        if self.trainer.backend == "loop":
-            missing = [name for name in ("data", "reward", "replay") if name not in self.services.enabled]
-            self.services.enabled = [*self.services.enabled, *missing]
-        return self
-
-    @model_validator(mode="after")
     def _warm_start_backend(self) -> RunConfig:
         if self.warm_start.enabled and self.trainer.backend == "verl":
             raise ValueError("warm_start.enabled runs on trainer.backend=trl or loop only (the verl backend has no SFT "
@@ -968,11 +943,6 @@ _SERVICE_RESOURCES = {"cpus", "memory", "accelerators", "replicas"}
 _NOT_RUN_IDENTITY = {"orchestration": True, "eval": {"shards"},
                      "services": {name: _SERVICE_RESOURCES for name in get_args(ServiceName)}}
 
-def _placement(cfg: RunConfig):
-    from verl_grpo.providers.placement import placement  # at call time: providers import this module
-
-    return placement(cfg)
-
 
 def _when_chosen(plugin: str) -> Callable[[RunConfig], bool]:
     """A section named after a provider or trainer backend is read only by runs that choose that plugin."""
@@ -986,7 +956,7 @@ SECTIONS_APPLY_WHEN: dict[str, Callable[[RunConfig], bool]] = {
     "warm_start": lambda cfg: cfg.warm_start.enabled,
     "reward": lambda cfg: bool(cfg.reward.path),
     "dataset.reasoning_gym": lambda cfg: cfg.dataset.name == "reasoning_gym",
-    "async_training": lambda cfg: cfg.trainer.backend == "loop" or _placement(cfg).fully_async,
+    "async_training": lambda cfg: cfg.trainer.backend == "loop" or placement(cfg).fully_async,
     **{f"services.{name}": (lambda cfg, name=name: name in cfg.services.enabled) for name in get_args(ServiceName)},
 }
 """The config sections only some runs read (keyed by dotted prefix), and when a run reads them; every other

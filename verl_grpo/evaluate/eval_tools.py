@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import uses_search
 from verl_grpo.local_paths import state_dir
-from verl_grpo.trainers.trl.tools import tool_functions, uses_search
+from verl_grpo.trainers.trl.tools import tool_functions
 
 EVAL_SERVICES_DIR = "eval-services"
 """Under the state dir's work/: one directory per retrieval setting, holding the eval's retrieval-server."""

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import tool_result_tokens, uses_search
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, DataError, InfraError
 from verl_grpo.evaluate.eval_tools import eval_tools, tool_names
@@ -34,7 +35,6 @@ from verl_grpo.evaluate.problems import EvalProblem, load_split_frame, select_su
 from verl_grpo.rewards.user_reward import UserReward
 from verl_grpo.store import Store
 from verl_grpo.store_layout import eval_cache_report, eval_cache_table, eval_report, eval_table, run_of_model
-from verl_grpo.trainers.trl.tools import tool_result_tokens, uses_search
 
 Scorer = Callable[[str, str, str, dict | None], Any]
 Progress = Callable[[int, int], None]

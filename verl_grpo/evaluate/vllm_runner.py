@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import uses_search
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.evaluate.eval_tools import stop_eval_services
@@ -42,7 +43,6 @@ from verl_grpo.rewards.user_reward import UserReward
 from verl_grpo.store import Store, filesystem_for, strip_scheme
 from verl_grpo.store_layout import eval_report, eval_spec, eval_table
 from verl_grpo.trainers.exits import run_entry
-from verl_grpo.trainers.trl.tools import uses_search
 from verl_grpo.trainers.verl.settings import ENV_STORE_ENDPOINT
 
 ENV_CPU_THREADS = "VERL_GRPO_EVAL_CPU_THREADS"

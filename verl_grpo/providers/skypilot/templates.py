@@ -29,6 +29,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import uses_search
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.local_paths import repo_root
@@ -45,7 +46,6 @@ from verl_grpo.providers.skypilot.node_stack import (
 from verl_grpo.services import SERVICES, ServiceSpec, token_env_exports
 from verl_grpo.services.commands import retrieval_corpus_uri, service_settings_args
 from verl_grpo.trainers.exits import EXIT_RETRYABLE
-from verl_grpo.trainers.trl.tools import uses_search
 from verl_grpo.trainers.verl.backend import (
     DATASET_URI_ENV,
     MOUNTS,

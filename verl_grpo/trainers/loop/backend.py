@@ -9,9 +9,9 @@ enables for trainer.backend=loop), and a plain-torch GRPO update that pushes its
 from __future__ import annotations
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.placement import placement
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
-from verl_grpo.providers.placement import placement
 from verl_grpo.store import Store
 from verl_grpo.trainers.loop.batch import replay_count
 from verl_grpo.trainers.protocol import TrainProgress

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import rollout_tokens
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress
-from verl_grpo.trainers.trl.tools import rollout_tokens
 from verl_grpo.trainers.worker import progress
 from verl_grpo.trainers.worker.batch_layout import batch_layout
 from verl_grpo.trainers.worker.spec import worker_train_spec

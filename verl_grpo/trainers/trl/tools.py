@@ -10,11 +10,11 @@ tokenizer gets TRL's copy of that template. Any other template without tool supp
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.search import uses_search
 from verl_grpo.errors import ConfigError
 
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
@@ -22,16 +22,6 @@ CALL_RATE = "tools/call_frequency"
 """TRL's per-step tool metric: tool calls per completion (train: per rollout)."""
 FAILURE_RATE = "tools/failure_frequency"
 """TRL's per-step tool metric: share of tool calls that raised or named an unknown tool."""
-CHARS_PER_TOKEN = 3
-"""A safe bound for passages: English Wikipedia text runs about 4 characters per token in the Qwen2.5 and SmolLM2
-vocabularies, so a result of N characters takes fewer than N / 3 tokens."""
-RESULT_WRAPPING_TOKENS = 32
-"""The chat template's wrapping of one result: the tool turn's markers and `<tool_response>` tags, and the next
-assistant header."""
-
-
-def uses_search(cfg: RunConfig) -> bool:
-    return "retrieval" in cfg.services.enabled
 
 
 def tool_functions(cfg: RunConfig) -> list[Callable[..., str]]:
@@ -46,22 +36,6 @@ def tool_functions(cfg: RunConfig) -> list[Callable[..., str]]:
     if r.url:  # that retriever has a default of its own: ask ours
         return [bound_search(r.max_result_chars, r.url, token="", api="search_r1", default_top_k=r.default_top_k)]
     return [bound_search(r.max_result_chars)]
-
-
-def tool_result_tokens(cfg: RunConfig) -> int:
-    """Room a rollout needs for its tool results: max_tool_turns results of max_result_chars characters each, with
-    the chat template's wrapping; 0 without the tool. TRL (max_completion_length), verl (response_length) and the
-    evaluation (max_new_tokens) count tool results against a rollout's length, so each adds this to the model's own
-    algorithm.max_response_length (or eval.max_new_tokens)."""
-    if not uses_search(cfg):
-        return 0
-    r = cfg.services.retrieval
-    return r.max_tool_turns * (math.ceil(r.max_result_chars / CHARS_PER_TOKEN) + RESULT_WRAPPING_TOKENS)
-
-
-def rollout_tokens(cfg: RunConfig) -> int:
-    """A rollout's whole length: the model's own tokens plus its tool results."""
-    return cfg.algorithm.max_response_length + tool_result_tokens(cfg)
 
 
 def tool_schemas(tools: list[Callable[..., Any]]) -> str:

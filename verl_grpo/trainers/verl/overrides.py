@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from verl_grpo.config import RunConfig
+from verl_grpo.config.placement import placement
+from verl_grpo.config.search import rollout_tokens
 from verl_grpo.data.schema import TOOL_AGENT
 from verl_grpo.errors import ConfigError
 from verl_grpo.models import MODEL_ALIASES
-from verl_grpo.providers.placement import placement
 from verl_grpo.services import SERVICES
-from verl_grpo.trainers.trl.tools import rollout_tokens
 from verl_grpo.trainers.verl.callback import CALLBACK_CLASS
 from verl_grpo.trainers.verl.node_reward import LOCAL_FUNCTION, REMOTE_FUNCTION, USER_ENTRY, UserRewardPlan
 from verl_grpo.trainers.verl.samples import rollout_dir

@@ -2,8 +2,9 @@
 services a SkyPilot shape runs by default, the loop's need of this machine, a Prefect concurrency tag, the cost
 line), so that nothing there branches on a provider's name.
 
-A table of its own beside `PROVIDERS`, not a method of the provider classes: the config validates with it, and
-importing the SkyPilot provider costs the config half a second. A new provider adds its line here too.
+A table in the config package, not a method of the provider classes: the config resolves its defaults with it and
+every layer above reads it downward, while importing the SkyPilot provider would cost the config half a second and
+point the core at a layer above it. A new provider (`PROVIDERS`) adds its line here too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from verl_grpo.errors import ConfigError
 
 if TYPE_CHECKING:
-    from verl_grpo.config import RunConfig
+    from verl_grpo.config.schema import RunConfig
 
 LOCAL_SHAPE = "local"
 
