@@ -1,5 +1,5 @@
-"""Every import statement of the product and the rehearsal, read from the source (those inside functions too), as
-edges between modules, and the package's layers as ARCHITECTURE.md draws them; tests/unit/test_layers.py holds the
+"""Every import statement of the product and the rehearsal, read from the source (those inside functions too; not
+those under `if TYPE_CHECKING:`, which never run), as edges between modules, and the package's layers as ARCHITECTURE.md draws them; tests/unit/test_layers.py holds the
 one to the other."""
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ def edges(found: dict[str, Path], root: Path = REPO) -> Iterator[Edge]:
     there is one (Python runs pkg/__init__ first either way), else on `pkg` itself."""
     for name, path in found.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 targets = [_known(alias.name, found) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -55,6 +59,15 @@ def edges(found: dict[str, Path], root: Path = REPO) -> Iterator[Edge]:
             where = f"{path.relative_to(root)}:{node.lineno}"
             for target in {t for t in targets if t and t != name}:
                 yield Edge(name, target, where)
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:`: imports for annotations alone, which never run (every module here postpones them)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _absolute(name: str, is_package: bool, node: ast.ImportFrom) -> str:
