@@ -3,7 +3,8 @@ golden-file tests read it as text, the rehearsal engine's tests run it on hermet
 
 from __future__ import annotations
 
-from verl_grpo.config import load_config
+from run_configs import VERL_H100_8, build_config
+
 from verl_grpo.contracts import TrainSpec
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.trainers.verl.backend import DATASET_MOUNT_ENV, DATASET_URI_ENV
@@ -20,9 +21,8 @@ CKPT_MOUNT = "s3://bucket/store/runs/run-1/checkpoints"
 
 def shape_config(shape: str, *extra: str):
     services = [SERVICES_ON] if shape == "job_group" else []
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                            "infra.nodes=2", "infra.spot=true", f"skypilot.shape={shape}", "skypilot.cloud=aws",
-                            "storage.uri=s3://bucket/store", *services, *extra])
+    return build_config(*VERL_H100_8, "infra.nodes=2", "infra.spot=true", f"skypilot.shape={shape}",
+                        "skypilot.cloud=aws", "storage.uri=s3://bucket/store", *services, *extra)
 
 
 def render(shape: str, env: dict[str, str], *extra: str, workdir: str = "/src/verl-grpo",

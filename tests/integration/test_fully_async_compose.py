@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from run_configs import VERL_ROLLOUT_GROUP, build_config
 
 from verl_grpo.checkpoints import CheckpointStore
-from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.store import Store
 from verl_grpo.trainers.verl.backend import VerlTrainer
@@ -27,9 +28,7 @@ from verl_grpo.trainers.verl.validation import compose_verl_config
 FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 
 
-def _cfg(*extra: str):
-    return load_config([], ["dataset.name=gsm8k", "trainer.backend=verl", "infra.provider=skypilot",
-                            "infra.accelerators=H100:8", "skypilot.shape=rollout_group", *extra])
+_cfg = partial(build_config, "dataset.name=gsm8k", *VERL_ROLLOUT_GROUP)
 
 
 def _overrides(*extra: str) -> list[str]:

@@ -11,9 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from run_configs import tiny_cpu_run
 
 from verl_grpo.checkpoints import CheckpointStore
-from verl_grpo.config import RunConfig
 from verl_grpo.store import Store, strip_scheme
 from verl_grpo.trainers.verl.fully_async import fully_async_overrides
 from verl_grpo.trainers.verl.overrides import run_paths
@@ -21,20 +21,11 @@ from verl_grpo.trainers.verl.settings import checkpoint_env
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH, SYNC, STEPS = 2, 2, 4
-
-
-def _cfg(tiny_model_dir) -> RunConfig:
-    return RunConfig.model_validate({
-        "dataset": {"name": "gsm8k", "val_size": 16},
-        "model": {"name": str(tiny_model_dir)},
-        "algorithm": {"max_prompt_length": 160, "max_response_length": 8, "train_batch_size": BATCH, "rollouts": 2,
-                      "total_steps": STEPS, "save_freq": SYNC},
-        "infra": {"provider": "skypilot", "accelerators": "H100:1"},
-        "skypilot": {"shape": "rollout_group"},
-        "services": ["data", "replay"],  # rewards by verl_grpo.rewards in-process: no reward-server here
-        "async_training": {"trigger_parameter_sync_step": SYNC},
-        "verl": {"micro_batch_size_per_gpu": 2, "extra_overrides": ["data.train_max_samples=64"]},
-    })
+RUN = ("algorithm.max_prompt_length=160", "algorithm.max_response_length=8", f"algorithm.train_batch_size={BATCH}",
+       f"algorithm.total_steps={STEPS}", f"algorithm.save_freq={SYNC}", "infra.provider=skypilot",
+       "infra.accelerators=H100:1", "skypilot.shape=rollout_group",
+       "services=[data, replay]",  # rewards by verl_grpo.rewards in-process: no reward-server here
+       f"async_training.trigger_parameter_sync_step={SYNC}")
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +35,14 @@ def data_files(tiny_model_dir, data_mirror, tmp_path_factory) -> dict[str, str]:
     from verl_grpo.data import prepare_dataset
 
     store = Store(f"file://{tmp_path_factory.mktemp('data-store')}")
-    version = prepare_dataset(_cfg(tiny_model_dir), store, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+    version = prepare_dataset(tiny_cpu_run(tiny_model_dir, *RUN), store,
+                              tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
     return {split: strip_scheme(uri) for split, uri in version.splits.items()}
 
 
 def test_stand_in_trains_one_step_per_weight_sync_and_commits_versions(tiny_model_dir, data_files, s3_bucket,
                                                                        tmp_path):
-    cfg = _cfg(tiny_model_dir)
+    cfg = tiny_cpu_run(tiny_model_dir, *RUN)
     uri, endpoint = s3_bucket
     ckpt = tmp_path / "checkpoints" / "run-fa"
     paths = replace(run_paths(cfg, str(ckpt)), model_path=cfg.model.name)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_configs import tiny_cpu_run
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import RunConfig
@@ -33,6 +34,9 @@ MODULE = "verl_grpo_rehearsal.main_ppo_cpu"
 MAX_PROMPT = 160
 STEPS = 4
 BATCH = 4
+RUN = (f"algorithm.max_prompt_length={MAX_PROMPT}", "algorithm.max_response_length=16",
+       f"algorithm.train_batch_size={BATCH}", f"algorithm.total_steps={STEPS}", "algorithm.save_freq=2",
+       "algorithm.lr=1e-3", "infra.accelerators=H100:1")
 
 DIGITS_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -49,20 +53,9 @@ def data_files(tiny_model_dir, data_mirror, tmp_path_factory) -> dict[str, str]:
     from verl_grpo.data import prepare_dataset
 
     store = Store(f"file://{tmp_path_factory.mktemp('data-store')}")
-    version = prepare_dataset(_cfg(tiny_model_dir), store, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+    version = prepare_dataset(tiny_cpu_run(tiny_model_dir, *RUN), store,
+                              tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
     return {split: strip_scheme(uri) for split, uri in version.splits.items()}
-
-
-def _cfg(tiny_model_dir, extra: list[str] = (), **algorithm) -> RunConfig:
-    algo = {"max_prompt_length": MAX_PROMPT, "max_response_length": 16, "train_batch_size": BATCH, "rollouts": 2,
-            "total_steps": STEPS, "save_freq": 2, "lr": 1e-3, **algorithm}
-    return RunConfig.model_validate({
-        "dataset": {"name": "gsm8k", "val_size": 16},
-        "model": {"name": str(tiny_model_dir)},
-        "algorithm": algo,
-        "infra": {"accelerators": "H100:1"},
-        "verl": {"micro_batch_size_per_gpu": 2, "extra_overrides": ["data.train_max_samples=64", *extra]},
-    })
 
 
 def _plan(cfg: RunConfig, files, s3_bucket, tmp_path: Path, run_id: str, env: dict | None = None):
@@ -102,7 +95,7 @@ def test_rehearsal_trains_checkpoints_commits_finalizes_and_resumes(tiny_model_d
                                                                      tmp_path):
     reward = tmp_path / "digits_reward.py"
     reward.write_text(DIGITS_REWARD)
-    cfg = _cfg(tiny_model_dir, [f"reward.custom_reward_function.path={reward}"])
+    cfg = tiny_cpu_run(tiny_model_dir, *RUN, verl_extra=[f"reward.custom_reward_function.path={reward}"])
     overrides, env, ckpt = _plan(cfg, data_files, s3_bucket, tmp_path / "a", "run-a")
 
     proc = _run(["-m", MODULE, *overrides], env)
@@ -236,7 +229,7 @@ def _run_until(args: list[str], env: dict, marker: str, timeout: float = 240) ->
 
 
 def test_injected_failure_fails_once_then_the_restart_succeeds(tiny_model_dir, data_files, s3_bucket, tmp_path):
-    cfg = _cfg(tiny_model_dir, total_steps=2, save_freq=1)
+    cfg = tiny_cpu_run(tiny_model_dir, *RUN, "algorithm.total_steps=2", "algorithm.save_freq=1")
     overrides, env, _ = _plan(cfg, data_files, s3_bucket, tmp_path, "run-f")
     env["VERL_GRPO_REHEARSAL_FAIL_AT"] = "2"
     first = _run(["-m", MODULE, *overrides], env)
@@ -258,13 +251,13 @@ def test_wandb_rejects_a_bad_project_name_as_wandb_init_would(tiny_model_dir, da
     passed before) kills the run at start-up, as on a cluster."""
     from verl_grpo_rehearsal.main_ppo_cpu import load_config, wandb_project_error
 
-    cfg = _cfg(tiny_model_dir)
+    cfg = tiny_cpu_run(tiny_model_dir, *RUN)
     overrides, _, _ = _plan(cfg, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
     assert any(o.startswith("trainer.logger=") and "wandb" in o for o in overrides)
     assert str(load_config(overrides).trainer.project_name) == "verl-grpo-gsm8k"
     assert wandb_project_error("verl-grpo-gsm8k") is None
 
-    bad = _cfg(tiny_model_dir, extra=[f"trainer.project_name={cfg.experiment_name}"])
+    bad = tiny_cpu_run(tiny_model_dir, *RUN, verl_extra=[f"trainer.project_name={cfg.experiment_name}"])
     overrides_bad, _, _ = _plan(bad, data_files, s3_bucket, tmp_path, "run-w", env={"WANDB_API_KEY": "x"})
     from verl_grpo_rehearsal.main_ppo_cpu import main
 

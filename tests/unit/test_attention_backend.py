@@ -4,9 +4,11 @@ which `verl[vllm]` does not install)."""
 
 from __future__ import annotations
 
-import pytest
+from functools import partial
 
-from verl_grpo.config import load_config
+import pytest
+from run_configs import VERL_H100_1, build_config
+
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot.dry_run import check_attention
 from verl_grpo.providers.skypilot.templates import cluster_packages
@@ -20,9 +22,7 @@ VERL_PATHS = VerlPaths(checkpoint_dir="/w/c")
 FLASH_WHEEL = "flash-attn @ https://example.org/flash_attn-2.8.3+cu12torch2.11-cp312-cp312-linux_x86_64.whl"
 
 
-def _cfg(*overrides: str):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:1",
-                            *overrides], env={})
+_cfg = partial(build_config, *VERL_H100_1, env={})
 
 
 def _model_cfgs(cfg, drop: tuple[str, ...] = ()):

@@ -11,7 +11,7 @@ from verl_grpo.config import load_config
 from verl_grpo.data import BUILDERS
 from verl_grpo.data.sources import check_mirror
 from verl_grpo.errors import DataError
-from verl_grpo.plain_steps import prepare_local_state
+from verl_grpo.plain_steps import check_task, prepare_local_state
 
 
 def _check(*overrides: str) -> list[str]:
@@ -53,9 +53,13 @@ def test_the_default_mirror_may_fall_back_to_the_hub_unless_source_is_mirror(tmp
     assert "set VERL_GRPO_DATA_MIRROR to the directory holding gsm8k/" in _message("dataset.source=mirror")
 
 
-def test_a_hub_source_never_looks_at_the_mirror(tmp_path):
+def test_a_hub_source_never_looks_at_the_mirror(tmp_path, monkeypatch):
+    looked = []
+    monkeypatch.setattr("verl_grpo.data.sources.resolve_mirror_dir", lambda dcfg: looked.append(dcfg) or tmp_path)
     cfg = load_config([], [f"dataset.mirror_dir={tmp_path / 'nowhere'}", "dataset.source=hub"], env={})
     prepare_local_state(cfg, data=True)
+    assert check_task(cfg) == "gsm8k from the hub"
+    assert looked == [] and not (tmp_path / "nowhere").exists()
 
 
 def test_a_run_checks_the_mirror_before_it_starts_other_commands_do_not(tmp_path):

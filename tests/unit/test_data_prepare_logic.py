@@ -35,6 +35,8 @@ def test_carve_zero_and_too_large():
 @pytest.mark.parametrize("template", ["{question}", "Q: {question}\nA:", "Solve {{carefully}}: {question}"])
 def test_valid_templates(template):
     check_user_template(template)
+    question = "2+{2}?"
+    assert chat_messages("", template, question) == [{"role": "user", "content": template.format(question=question)}]
 
 
 @pytest.mark.parametrize("template", ["no field", "{problem}", "{question} {extra}", "{question", "{0}"])

@@ -4,10 +4,11 @@ failure is one line naming the key and the fix, and never carries a secret's val
 from __future__ import annotations
 
 import socket
+from functools import partial
 
 import pytest
+from run_configs import VERL_ON_SKYPILOT, build_config
 
-from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot import checks
 from verl_grpo.providers.skypilot.boundary import Offer
@@ -15,9 +16,7 @@ from verl_grpo.providers.skypilot.boundary import Offer
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 
 
-def _cfg(*extra: str):
-    return load_config(["gsm8k"], ["trainer.backend=verl", "warm_start.enabled=false", "infra.provider=skypilot",
-                                   *extra], env={})
+_cfg = partial(build_config, *VERL_ON_SKYPILOT, "warm_start.enabled=false", files=["gsm8k"], env={})
 
 
 def _one_line(e: pytest.ExceptionInfo) -> str:

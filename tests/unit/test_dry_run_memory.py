@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+from functools import partial
 
-from verl_grpo.config import load_config
+import pytest
+from run_configs import VERL_ON_SKYPILOT, build_config
+
 from verl_grpo.errors import ConfigError
 from verl_grpo.providers.skypilot.dry_run import check_gpu_memory, model_params
 
-
-def _cfg(*extra: str):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", *extra])
+_cfg = partial(build_config, *VERL_ON_SKYPILOT)
 
 
 def test_model_params_from_the_name():

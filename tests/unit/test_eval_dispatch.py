@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from run_configs import VERL_H100_8, build_config
 from test_skypilot_provider import FakeCluster, FakeSky
 from test_vllm_runner import FakeLLM, fake_vllm, write_dataset  # noqa: F401 - fake_vllm is a fixture
 
@@ -33,10 +34,9 @@ SPEC_URI = "s3://bucket/store/runs/run-1/eval/test-vllm-spec.json"
 
 
 def _cfg(*extra: str, uri: str = "s3://bucket/store", endpoint: str | None = None):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                            "infra.spot=true", "skypilot.cloud=aws", f"storage.uri={uri}",
-                            *([f"storage.endpoint_url={endpoint}"] if endpoint else []),
-                            "eval.limit=null", "eval.max_new_tokens=32", *extra])
+    return build_config(*VERL_H100_8, "infra.spot=true", "skypilot.cloud=aws", f"storage.uri={uri}",
+                        *([f"storage.endpoint_url={endpoint}"] if endpoint else []),
+                        "eval.limit=null", "eval.max_new_tokens=32", *extra)
 
 
 def _render(*extra: str, env=None) -> templates.RenderedTask:
@@ -255,8 +255,7 @@ def _no_spec_write(spec, store):
 
 def test_training_setup_installs_verl_beside_our_runtime_without_our_pins():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                                  "skypilot.shape=job_group"], env={})
+    cfg = build_config(*VERL_H100_8, "skypilot.shape=job_group", files=["gsm8k"], env={})
     verl, transformers, *rest = templates.cluster_packages(cfg, "vllm")
     assert verl == "verl[vllm]==0.9.1" and transformers == "transformers==5.9.0"  # verl's own pin, spelled out
     assert set(rest) <= set(project)

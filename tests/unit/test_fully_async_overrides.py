@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from functools import partial
 
 import pytest
+from run_configs import VERL_ROLLOUT_GROUP, build_config
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
@@ -26,9 +28,7 @@ FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
 
 
-def _cfg(*overrides: str):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                            "skypilot.shape=rollout_group", *overrides])
+_cfg = partial(build_config, *VERL_ROLLOUT_GROUP)
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:

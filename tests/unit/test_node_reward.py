@@ -9,8 +9,8 @@ import json
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from run_configs import VERL_H100_1, build_config
 
-from verl_grpo.config import load_config
 from verl_grpo.contracts import Cluster
 from verl_grpo.errors import ConfigError, DataError
 from verl_grpo.store import Store
@@ -62,10 +62,9 @@ def task(tmp_path):
 
 
 def config(task, *extra: str):
-    return load_config([], ["dataset.name=custom", "dataset.task=sums", f"dataset.train_files=[{task}/rows/train.jsonl]",
-                            f"dataset.test_files=[{task}/rows/test.jsonl]", f"reward.path={task}/reward/score.py",
-                            "trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:1",
-                            f"storage.uri=file://{task}/store", *extra])
+    return build_config("dataset.name=custom", "dataset.task=sums", f"dataset.train_files=[{task}/rows/train.jsonl]",
+                        f"dataset.test_files=[{task}/rows/test.jsonl]", f"reward.path={task}/reward/score.py",
+                        *VERL_H100_1, f"storage.uri=file://{task}/store", *extra)
 
 
 def test_a_py_file_ships_content_addressed_through_the_store_to_the_nodes_workdir(task):

@@ -66,7 +66,9 @@ def test_an_existing_sqlite_db_passes(tmp_path):
 
     db = tmp_path / "mlflow.db"
     sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.commit()
-    ensure_local_dirs({"tracking.mlflow_uri": f"sqlite:///{db}"})
+    assert ensure_local_dirs({"tracking.mlflow_uri": f"sqlite:///{db}"}) is None
+    with sqlite3.connect(db) as conn:  # opened read-only: the database is left as it was
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("t",)]
 
 
 # --- the path env vars: set to nothing, relative, `~`, a file, under a file ------------------------------------------

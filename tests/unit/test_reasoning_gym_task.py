@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
+from run_configs import build_config
 
-from verl_grpo.config import load_config
 from verl_grpo.data import builder_for
 from verl_grpo.data.prepare import build_rows
 from verl_grpo.data.reasoning_gym import load_source
@@ -18,8 +19,7 @@ from verl_grpo.rewards.reasoning_gym import WEIGHTS, final_answer
 RG = ["dataset.name=reasoning_gym", "warm_start.enabled=false"]
 
 
-def rg_config(*overrides: str):
-    return load_config([], [*RG, *overrides], env={})
+rg_config = partial(build_config, *RG, env={})
 
 
 def built(cfg):

@@ -9,6 +9,7 @@ import shlex
 
 import pytest
 import yaml
+from run_configs import VERL_H100_1, build_config
 
 from verl_grpo.config import load_config
 from verl_grpo.contracts import TrainSpec
@@ -35,8 +36,7 @@ REWARD = "import math\nimport yaml\n\n\ndef compute_score(data_source, solution_
 
 
 def cfg_of(reward, *extra: str):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:1",
-                            "storage.uri=s3://bucket/store", f"reward.path={reward}", *extra])
+    return build_config(*VERL_H100_1, "storage.uri=s3://bucket/store", f"reward.path={reward}", *extra)
 
 
 def plan_of(cfg, sample: SampleRow | None = None) -> UserRewardPlan:

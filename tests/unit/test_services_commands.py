@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from run_configs import build_config
 
-from verl_grpo.config import load_config
 from verl_grpo.errors import DataError
 from verl_grpo.services.commands import publish_retrieval_corpus, retrieval_corpus_uri, service_settings_args
 from verl_grpo.services.retrieval_index import META_FILE, index_dir
@@ -18,10 +18,6 @@ SQUAD = {"data": [{"title": "Super_Bowl_50", "paragraphs": [
     {"context": "Denver won Super Bowl 50.", "qas": [{"question": "Who won Super Bowl 50?"}]},
     {"context": "It was played in Santa Clara.", "qas": [{"question": "Where was it played?"}]},
 ]}]}
-
-
-def _cfg(store: Store, *extra: str):
-    return load_config([], [f"storage.uri={store.uri}", *extra])
 
 
 @pytest.fixture
@@ -47,7 +43,7 @@ class FakeEmbedder:
 
 
 def test_publish_uploads_the_corpus_where_the_rendered_command_points(store, corpus):
-    cfg = _cfg(store, f"services.retrieval.corpus={corpus}")
+    cfg = build_config(f"storage.uri={store.uri}", f"services.retrieval.corpus={corpus}")
     uri = publish_retrieval_corpus(cfg, store)
     assert uri == retrieval_corpus_uri(cfg) == store.url("services/retrieval-server/corpus/squad-dev.json")
     assert json.loads(store.read_text("services/retrieval-server/corpus/squad-dev.json")) == SQUAD
@@ -57,24 +53,24 @@ def test_publish_uploads_the_corpus_where_the_rendered_command_points(store, cor
 
 def test_publish_skips_the_upload_when_the_index_is_in_the_store(store, corpus, tmp_path):
     store.write_text("{}", index_dir("squad-dev"), META_FILE)
-    cfg = _cfg(store, f"services.retrieval.corpus={tmp_path / 'absent.json'}")
+    cfg = build_config(f"storage.uri={store.uri}", f"services.retrieval.corpus={tmp_path / 'absent.json'}")
     assert publish_retrieval_corpus(cfg, store) == retrieval_corpus_uri(cfg)
     assert not store.exists("services/retrieval-server/corpus/squad-dev.json")
 
 
 def test_publish_names_the_setting_when_the_corpus_is_missing(store, tmp_path):
-    cfg = _cfg(store, f"services.retrieval.corpus={tmp_path / 'absent.json'}")
+    cfg = build_config(f"storage.uri={store.uri}", f"services.retrieval.corpus={tmp_path / 'absent.json'}")
     with pytest.raises(DataError, match="services.retrieval.corpus"):
         publish_retrieval_corpus(cfg, store)
 
 
 def test_a_corpus_uri_in_the_config_is_used_as_is(store):
-    cfg = _cfg(store, "services.retrieval.corpus=s3://other/corpus.json")
+    cfg = build_config(f"storage.uri={store.uri}", "services.retrieval.corpus=s3://other/corpus.json")
     assert retrieval_corpus_uri(cfg) == publish_retrieval_corpus(cfg, store) == "s3://other/corpus.json"
 
 
 def test_serve_builds_a_missing_index_from_a_corpus_uri(store, corpus):
-    cfg = _cfg(store, f"services.retrieval.corpus={corpus}")
+    cfg = build_config(f"storage.uri={store.uri}", f"services.retrieval.corpus={corpus}")
     uri = publish_retrieval_corpus(cfg, store)
     index = ensure_index(store, "squad-dev", uri, "flat", FakeEmbedder())
     assert [p.text for p in index.passages] == ["Denver won Super Bowl 50.", "It was played in Santa Clara."]

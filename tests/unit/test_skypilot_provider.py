@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from run_configs import VERL_H100_8, build_config
 
-from verl_grpo.config import load_config
 from verl_grpo.contracts import DatasetVersion, TrainSpec
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
 from verl_grpo.providers.skypilot.boundary import JobRecord, Offer
@@ -95,9 +95,8 @@ class PerCall:
 
 
 def _cfg(**kw):
-    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                           "infra.spot=true", f"storage.uri={_STORE['uri']}", f"storage.endpoint_url={_STORE['endpoint']}",
-                           *[f"{k}={v}" for k, v in kw.items()]])
+    cfg = build_config(*VERL_H100_8, "infra.spot=true", f"storage.uri={_STORE['uri']}",
+                       f"storage.endpoint_url={_STORE['endpoint']}", *[f"{k}={v}" for k, v in kw.items()])
     Store.from_config(cfg.storage).write_text(cfg.to_yaml(), run_config("run-1"))  # as pipeline.resolve does
     return cfg
 
@@ -106,7 +105,7 @@ DATASET = DatasetVersion(name="gsm8k", hash="abc", uri="s3://b/store/datasets/gs
                          splits={"test": "s3://b/store/datasets/gsm8k/abc/test.parquet"}, counts={"test": 4})
 def _spec() -> TrainSpec:
     """The main_ppo command VerlTrainer.plan builds (the rendered run script takes its knobs from it)."""
-    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"], env={})
+    cfg = build_config(*VERL_H100_8, env={})
     ov = verl_overrides(cfg, {"train": "/mnt/d/train.parquet", "val": "/mnt/d/val.parquet"},
                         VerlPaths("/tmp/verl-grpo/checkpoints/run-1"), "run-1", env={})
     return TrainSpec(backend="verl", run_id="run-1", command=["python", "-m", "verl.trainer.main_ppo", *ov],
@@ -238,8 +237,7 @@ def test_retry_type_follows_status_and_recovery_count_never_the_message(status, 
 def test_file_store_is_refused_before_launch(tmp_path):
     sky = FakeSky()
     provider = PerCall(sky)
-    cfg = load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
-                           f"storage.uri=file://{tmp_path}/store"])
+    cfg = build_config(*VERL_H100_8, f"storage.uri=file://{tmp_path}/store")
     Store.from_config(cfg.storage).write_text(cfg.to_yaml(), run_config("run-1"))
     with pytest.raises(ConfigError, match="storage.uri"):
         provider.submit(provider.up(cfg, "run-1"), SPEC)

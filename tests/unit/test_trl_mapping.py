@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 
 import pytest
+from run_configs import build_config
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
@@ -18,9 +20,7 @@ from verl_grpo.trainers.worker.metrics import MetricsLog, read_metrics
 from verl_grpo.trainers.worker.progress import progress_line
 from verl_grpo.trainers.worker.termination import Termination
 
-
-def _cfg(*overrides: str):
-    return load_config(overrides=list(overrides), env={})
+_cfg = partial(build_config, env={})
 
 
 def test_algorithm_fields_map_to_trl_names(tmp_path):

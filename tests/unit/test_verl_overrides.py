@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+from run_configs import VERL_H100_8, build_config
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
@@ -12,8 +15,7 @@ FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
 
 
-def _cfg(*overrides: str):
-    return load_config([], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8", *overrides])
+_cfg = partial(build_config, *VERL_H100_8)
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:
