@@ -10,8 +10,9 @@ from cli.main import main
 from verl_grpo.config import load_config
 from verl_grpo.data import BUILDERS
 from verl_grpo.data.sources import check_mirror
+from verl_grpo.data.task_check import check_task
 from verl_grpo.errors import DataError
-from verl_grpo.plain_steps import check_task, prepare_local_state
+from verl_grpo.plain_steps import prepare_local_state
 
 
 def _check(*overrides: str) -> list[str]:
