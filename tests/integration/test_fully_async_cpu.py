@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from run_configs import tiny_cpu_run
+from run_configs import prepared_files, tiny_cpu_run
 
 from verl_grpo.checkpoints import CheckpointStore
-from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store import Store
 from verl_grpo.trainers.verl.fully_async import fully_async_overrides
 from verl_grpo.trainers.verl.overrides import run_paths
 from verl_grpo.trainers.verl.settings import checkpoint_env
@@ -30,14 +30,7 @@ RUN = ("algorithm.max_prompt_length=160", "algorithm.max_response_length=8", f"a
 
 @pytest.fixture(scope="module")
 def data_files(tiny_model_dir, data_mirror, tmp_path_factory) -> dict[str, str]:
-    from transformers import AutoTokenizer
-
-    from verl_grpo.data import prepare_dataset
-
-    store = Store(f"file://{tmp_path_factory.mktemp('data-store')}")
-    version = prepare_dataset(tiny_cpu_run(tiny_model_dir, *RUN), store,
-                              tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
-    return {split: strip_scheme(uri) for split, uri in version.splits.items()}
+    return prepared_files(tiny_model_dir, RUN, tmp_path_factory.mktemp("data-store"))
 
 
 def test_stand_in_trains_one_step_per_weight_sync_and_commits_versions(tiny_model_dir, data_files, s3_bucket,

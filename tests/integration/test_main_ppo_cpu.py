@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_configs import tiny_cpu_run
+from run_configs import prepared_files, tiny_cpu_run
 
 from verl_grpo.checkpoints import CheckpointStore
 from verl_grpo.config import RunConfig
-from verl_grpo.store import Store, strip_scheme
+from verl_grpo.store import Store
 from verl_grpo.trainers.signal import ALL_TIED, CLIPPED_RATIO, LOSS, MEAN_LENGTH, REWARD, TIED_GROUP_SHARE
 from verl_grpo.trainers.verl.overrides import run_paths, verl_overrides
 from verl_grpo.trainers.verl.progress import parse_progress
@@ -48,14 +48,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 @pytest.fixture(scope="module")
 def data_files(tiny_model_dir, data_mirror, tmp_path_factory) -> dict[str, str]:
-    from transformers import AutoTokenizer
-
-    from verl_grpo.data import prepare_dataset
-
-    store = Store(f"file://{tmp_path_factory.mktemp('data-store')}")
-    version = prepare_dataset(tiny_cpu_run(tiny_model_dir, *RUN), store,
-                              tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
-    return {split: strip_scheme(uri) for split, uri in version.splits.items()}
+    return prepared_files(tiny_model_dir, RUN, tmp_path_factory.mktemp("data-store"))
 
 
 def _plan(cfg: RunConfig, files, s3_bucket, tmp_path: Path, run_id: str, env: dict | None = None):

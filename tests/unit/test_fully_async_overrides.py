@@ -8,7 +8,7 @@ import subprocess
 from functools import partial
 
 import pytest
-from run_configs import VERL_ROLLOUT_GROUP, build_config
+from run_configs import VERL_FILES, VERL_ROLLOUT_GROUP, build_config, overrides_dict
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
@@ -24,15 +24,10 @@ from verl_grpo.trainers.verl.fully_async import (
 )
 from verl_grpo.trainers.verl.overrides import VerlPaths, cluster_nodes, run_paths, uses_fully_async, verl_overrides
 
-FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
 
 
 _cfg = partial(build_config, *VERL_ROLLOUT_GROUP)
-
-
-def _as_dict(overrides: list[str]) -> dict[str, str]:
-    return dict(o.split("=", 1) for o in overrides)
 
 
 def test_sizes_trainer_and_rollout_replicas_and_sets_the_async_knobs_with_verls_meaning():
@@ -40,7 +35,7 @@ def test_sizes_trainer_and_rollout_replicas_and_sets_the_async_knobs_with_verls_
                "async_training.trigger_parameter_sync_step=2", "async_training.partial_rollout=false",
                "algorithm.train_batch_size=64", "verl.ppo_mini_batch_size=16", "algorithm.total_steps=40",
                "algorithm.save_freq=10")
-    o = _as_dict(fully_async_overrides(cfg, FILES, PATHS, "r1", env={}))
+    o = overrides_dict(fully_async_overrides(cfg, VERL_FILES, PATHS, "r1", env={}))
     assert o["trainer.nnodes"] == "2" and o["trainer.n_gpus_per_node"] == "8"
     assert o["rollout.nnodes"] == "3" and o["rollout.n_gpus_per_node"] == "8"
     assert o["async_training.staleness_threshold"] == "0.5"
@@ -60,8 +55,8 @@ def test_keeps_main_ppos_data_reward_checkpoint_and_resume_settings():
     cfg = _cfg()
     assert cfg.services.enabled == ["data", "reward", "replay"]  # the shape's services, recorded in the config
     paths = run_paths(cfg, "/w/checkpoints/r1")
-    fa = fully_async_overrides(cfg, FILES, paths, "r1", env={})
-    o = _as_dict(fa)
+    fa = fully_async_overrides(cfg, VERL_FILES, paths, "r1", env={})
+    o = overrides_dict(fa)
     assert o["data.train_files"] == "/w/train.parquet" and o["data.val_files"] == "/w/val.parquet"
     assert o["reward.custom_reward_function.path"] == "pkg://verl_grpo.services.reward_client"
     assert o["reward.custom_reward_function.name"] == "compute_score"
@@ -70,15 +65,15 @@ def test_keeps_main_ppos_data_reward_checkpoint_and_resume_settings():
     assert o["trainer.resume_mode"] == "auto"
     keys = [x.partition("=")[0] for x in fa]
     assert len(keys) == len(set(keys)), "every key once: the replaced main_ppo keys are not repeated"
-    main_ppo = _as_dict(verl_overrides(cfg, FILES, paths, "r1", env={}))
+    main_ppo = overrides_dict(verl_overrides(cfg, VERL_FILES, paths, "r1", env={}))
     changed = {k for k in main_ppo if main_ppo[k] != o.get(k)}
     assert changed == {"data.train_batch_size"}  # one sync per step: verl's step count and save_freq are ours
-    one_kept = _as_dict(fully_async_overrides(_cfg("storage.keep_last=1"), FILES, paths, "r1", env={}))
+    one_kept = overrides_dict(fully_async_overrides(_cfg("storage.keep_last=1"), VERL_FILES, paths, "r1", env={}))
     assert one_kept["trainer.max_actor_ckpt_to_keep"] == "2"  # infra.nodes=1, but a 2-node Ray cluster: synced checkpoints
 
 
 def test_user_extra_overrides_come_last():
-    fa = fully_async_overrides(_cfg("verl.extra_overrides=[async_training.require_batches=2]"), FILES, PATHS, "r1")
+    fa = fully_async_overrides(_cfg("verl.extra_overrides=[async_training.require_batches=2]"), VERL_FILES, PATHS, "r1")
     assert fa[-1] == "async_training.require_batches=2"
 
 
@@ -91,7 +86,7 @@ def test_user_extra_overrides_come_last():
 ])
 def test_settings_verl_cannot_count_are_one_line_config_errors(extra, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as e:
-        fully_async_overrides(_cfg(*extra), FILES, PATHS, "r1")
+        fully_async_overrides(_cfg(*extra), VERL_FILES, PATHS, "r1")
     assert "\n" not in str(e.value)
 
 
@@ -110,14 +105,14 @@ def test_planned_steps_are_weight_syncs():
 
 def _expanded(cfg, **env: str) -> dict[str, str]:
     """The fully-async command as bash expands the rendered knob script under `env`."""
-    command = ["python", "-m", ENTRY_MODULE, *fully_async_overrides(cfg, FILES, PATHS, "r1", env={})]
+    command = ["python", "-m", ENTRY_MODULE, *fully_async_overrides(cfg, VERL_FILES, PATHS, "r1", env={})]
     knobs = knob_task(cfg, command, retrieval_available=False, derived=knob_expressions(cfg),
                       defaults=knob_defaults(cfg), literal=LITERAL_KNOB_KEYS)
     envs = {**knobs.envs, **env}
     script = "\n".join([*(f"{k}={shlex.quote(v)}" for k, v in envs.items()), *knobs.prelude,
                         f"for a in {knobs.train_command}; do echo \"$a\"; done"])
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
-    return _as_dict([line for line in out.splitlines() if "=" in line])
+    return overrides_dict([line for line in out.splitlines() if "=" in line])
 
 
 def test_launch_knobs_resize_the_fully_async_run_like_main_ppo():

@@ -5,28 +5,23 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from run_configs import VERL_H100_8, build_config
+from run_configs import VERL_FILES, VERL_H100_8, build_config, overrides_dict
 
 from verl_grpo.config import load_config
 from verl_grpo.errors import ConfigError
 from verl_grpo.trainers.verl.overrides import VerlPaths, gpus_per_node, verl_overrides
 
-FILES = {"train": "/w/train.parquet", "val": "/w/val.parquet"}
 PATHS = VerlPaths(checkpoint_dir="/w/checkpoints/r1")
 
 
 _cfg = partial(build_config, *VERL_H100_8)
 
 
-def _as_dict(overrides: list[str]) -> dict[str, str]:
-    return dict(o.split("=", 1) for o in overrides)
-
-
 def test_maps_grpo_settings_to_verl_keys():
     cfg = _cfg("algorithm.rollouts=8", "algorithm.clip_low=0.2", "algorithm.clip_high=0.28", "algorithm.kl_coef=0.01",
                "algorithm.loss_agg_mode=seq-mean-token-mean", "infra.nodes=2", "verl.rollout_engine=sglang",
                "verl.lora_rank=16", "verl.lora_alpha=32", "verl.ppo_mini_batch_size=4")
-    o = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={}))
+    o = overrides_dict(verl_overrides(cfg, VERL_FILES, PATHS, "r1", env={}))
     assert o["algorithm.adv_estimator"] == "grpo"
     assert o["actor_rollout_ref.rollout.n"] == "8"
     assert o["actor_rollout_ref.actor.clip_ratio_low"] == "0.2"
@@ -50,18 +45,18 @@ def test_maps_grpo_settings_to_verl_keys():
 
 def test_wandb_logger_only_with_key_and_key_never_in_overrides():
     cfg = _cfg()
-    without = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={}))
+    without = overrides_dict(verl_overrides(cfg, VERL_FILES, PATHS, "r1", env={}))
     assert without["trainer.logger"] == "[console,file]"
-    with_key = verl_overrides(cfg, FILES, PATHS, "r1", env={"WANDB_API_KEY": "sekret-123"})
-    assert _as_dict(with_key)["trainer.logger"] == "[console,file,wandb]"
+    with_key = verl_overrides(cfg, VERL_FILES, PATHS, "r1", env={"WANDB_API_KEY": "sekret-123"})
+    assert overrides_dict(with_key)["trainer.logger"] == "[console,file,wandb]"
     assert not any("sekret-123" in o for o in with_key)
 
 
 def test_gae_adds_a_critic_and_megatron_switches_engine():
-    o = _as_dict(verl_overrides(_cfg("verl.adv_estimator=gae", "verl.strategy=fsdp"), FILES, PATHS, "r1", env={}))
+    o = overrides_dict(verl_overrides(_cfg("verl.adv_estimator=gae", "verl.strategy=fsdp"), VERL_FILES, PATHS, "r1", env={}))
     assert o["critic.enable"] == "True" and o["critic.strategy"] == "fsdp"
     assert o["critic.model.path"] == o["actor_rollout_ref.model.path"]
-    m = _as_dict(verl_overrides(_cfg("verl.strategy=megatron", "verl.megatron_tp=2"), FILES, PATHS, "r1", env={}))
+    m = overrides_dict(verl_overrides(_cfg("verl.strategy=megatron", "verl.megatron_tp=2"), VERL_FILES, PATHS, "r1", env={}))
     assert m["model_engine"] == "megatron"
     assert m["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"] == "2"
     assert "actor_rollout_ref.actor.strategy" not in m
@@ -70,15 +65,15 @@ def test_gae_adds_a_critic_and_megatron_switches_engine():
 def test_user_overrides_pass_through_last():
     cfg = _cfg()
     cfg.verl.extra_overrides = ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.test_freq=10"]
-    out = verl_overrides(cfg, FILES, PATHS, "r1", env={})
+    out = verl_overrides(cfg, VERL_FILES, PATHS, "r1", env={})
     assert out[-2:] == cfg.verl.extra_overrides
 
 
 @pytest.mark.parametrize(
     ("overrides", "files", "fragment"),
     [
-        (["model.name=tiny"], FILES, "model.name 'tiny'"),
-        (["verl.ppo_mini_batch_size=16"], FILES, "verl.ppo_mini_batch_size (16)"),
+        (["model.name=tiny"], VERL_FILES, "model.name 'tiny'"),
+        (["verl.ppo_mini_batch_size=16"], VERL_FILES, "verl.ppo_mini_batch_size (16)"),
         ([], {"train": "/w/train.parquet"}, "val parquet"),
     ],
 )
@@ -117,8 +112,8 @@ def test_services_switch_reward_and_tools():
 def test_retrieval_selects_verls_tool_loop_with_the_search_tool():
     """multi_turn.enable alone leaves verl on single_turn_agent; the tool loop, its tool config, raw chat prompts and
     the tool-turn bound come with it."""
-    on = _as_dict(verl_overrides(_cfg("services.enabled=[retrieval]", "services.retrieval.max_tool_turns=3"),
-                                 FILES, PATHS, "r1"))
+    on = overrides_dict(verl_overrides(_cfg("services.enabled=[retrieval]", "services.retrieval.max_tool_turns=3"),
+                                 VERL_FILES, PATHS, "r1"))
     rollout = "actor_rollout_ref.rollout"
     assert on[f"{rollout}.agent.default_agent_loop"] == "tool_agent"
     assert on[f"{rollout}.multi_turn.tool_config_path"] == "infra/verl/search_tool.yaml"
@@ -131,7 +126,7 @@ def test_retrieval_selects_verls_tool_loop_with_the_search_tool():
     own = _cfg().algorithm.max_response_length
     assert int(on["data.max_response_length"]) == own + 3 * (1000 + 32)
     assert int(on[f"{rollout}.max_model_len"]) == _cfg().algorithm.max_prompt_length + own + 3 * 1032
-    off = _as_dict(verl_overrides(_cfg(), FILES, PATHS, "r1"))
+    off = overrides_dict(verl_overrides(_cfg(), VERL_FILES, PATHS, "r1"))
     assert not any(k.startswith((f"{rollout}.multi_turn", f"{rollout}.agent")) or k == "data.return_raw_chat"
                    for k in off)
     assert off["data.max_response_length"] == str(own)
@@ -142,9 +137,9 @@ def test_use_retrieval_knob_switches_the_tool_loop():
 
     base = ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8"]
     assert "retrieval" in load([], base, env={"USE_RETRIEVAL": "true"}).services.enabled
-    on = verl_overrides(load([], base, env={"USE_RETRIEVAL": "true"}), FILES, PATHS, "r1")
+    on = verl_overrides(load([], base, env={"USE_RETRIEVAL": "true"}), VERL_FILES, PATHS, "r1")
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent" in on
-    off = verl_overrides(load([], base, env={"USE_RETRIEVAL": "false"}), FILES, PATHS, "r1")
+    off = verl_overrides(load([], base, env={"USE_RETRIEVAL": "false"}), VERL_FILES, PATHS, "r1")
     assert not any("agent_loop" in o for o in off)
 
 
@@ -153,7 +148,7 @@ def test_project_name_is_the_wandb_project_wandb_accepts():
     from wandb.sdk.wandb_settings import Settings
 
     cfg = _cfg("dataset.name=gsm8k")
-    project = _as_dict(verl_overrides(cfg, FILES, PATHS, "r1", env={"WANDB_API_KEY": "k"}))["trainer.project_name"]
+    project = overrides_dict(verl_overrides(cfg, VERL_FILES, PATHS, "r1", env={"WANDB_API_KEY": "k"}))["trainer.project_name"]
     assert project == cfg.wandb_project == "verl-grpo-gsm8k"
     assert Settings(project=project).project == project
 
@@ -167,5 +162,5 @@ def test_project_name_is_the_wandb_project_wandb_accepts():
     (["algorithm.train_batch_size=32", "verl.ppo_mini_batch_size=16"], 16),
 ])
 def test_a_step_updates_in_several_mini_batches_so_the_clip_acts(extra, mini):
-    o = _as_dict(verl_overrides(_cfg(*extra), FILES, PATHS, "r1", env={}))
+    o = overrides_dict(verl_overrides(_cfg(*extra), VERL_FILES, PATHS, "r1", env={}))
     assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == str(mini)
