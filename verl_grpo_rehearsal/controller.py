@@ -484,7 +484,8 @@ class JobController:
         self.primaries_done = False
         self._published: tuple[Any, ...] | None = None
         self.termination_delay: dict[str, int] = {}
-        self.host_view = HostView([Path(self.info["state_dir"]), PACKAGE_ROOT / "verl_grpo", Path(sys.prefix),
+        self.host_view = HostView([Path(self.info["state_dir"]), PACKAGE_ROOT / "verl_grpo",
+                                   PACKAGE_ROOT / "verl_grpo_rehearsal", Path(sys.prefix),
                                    Path(sys.base_prefix)])
         self.network: JobNetwork | None = None
         """The job's own network namespace, which every node of every task joins (`network`)."""

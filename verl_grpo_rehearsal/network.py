@@ -77,7 +77,7 @@ class JobNetwork:
             self._listeners.append(listener)
             threading.Thread(target=self._accept, args=(listener, port), daemon=True,
                              name=f"relay-out-{port}").start()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                                           os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(
             ["unshare", "--user", "--map-root-user", "--net", sys.executable, "-m", __name__, str(self.sock_dir),

@@ -45,7 +45,7 @@ MANAGED_TERMINAL = frozenset((
     "SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE", "FAILED_CONTROLLER",
     "CANCELLED"))
 CLUSTER_TERMINAL = frozenset(("SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"))
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 CONTROLLER_START_S = 60.0
 """How long a submitted job may go without a recorded controller pid before it counts as dead (the submitting
 process died between starting the controller and recording it)."""
