@@ -253,7 +253,8 @@ def _no_spec_write(spec, store):
 
 
 def test_training_setup_installs_verl_beside_our_runtime_without_our_pins():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = [*meta["dependencies"], *meta["optional-dependencies"]["search"]]  # the services' retrieval stack
     cfg = load_config(["gsm8k"], ["trainer.backend=verl", "infra.provider=skypilot", "infra.accelerators=H100:8",
                                   "skypilot.shape=job_group"], env={})
     verl, transformers, *rest = templates.cluster_packages(cfg, "vllm")
