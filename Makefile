@@ -10,6 +10,9 @@ XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgro
 # Extra `verl-grpo run` arguments for `make run`, e.g. RUN_ARGS="-o model.name=tiny" (the one-minute tiny run that
 # tests/e2e/conftest.py::first_cli_run makes of this very recipe).
 RUN_ARGS ?=
+# The optional extras `make install` adds to the core (pyproject.toml): all of them, for `make test` and the cloud;
+# `make run EXTRAS=` installs the core alone, all the local flow needs.
+EXTRAS ?= cloud,search,ray,wandb,rehearsal,test
 
 # Python writes the bytecode of each module it imports, once (into .venv and this checkout's __pycache__, which git
 # ignores): on a machine that sets PYTHONDONTWRITEBYTECODE, as this one does, every process of a run or a test run
@@ -26,8 +29,8 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --no-compile torch==2.13.0
 	# uv installs the locked set several times faster than pip (the same versions: the lock pins every package, torch
 	# included, which uv finds installed); pip is the fallback should uv fail on a machine.
-	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements.lock -e '.[test]' || \
-	  { echo "uv failed; installing with pip"; $(PY) -m pip install -q --no-compile -c requirements.lock -e '.[test]'; }
+	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements.lock -e '.$(if $(EXTRAS),[$(EXTRAS)])' || \
+	  { echo "uv failed; installing with pip"; $(PY) -m pip install -q --no-compile -c requirements.lock -e '.$(if $(EXTRAS),[$(EXTRAS)])'; }
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -71,7 +74,7 @@ stop:
 # Re-resolve the pinned lock (uv resolves in seconds where pip backtracks for many minutes).
 lock: install
 	$(VENV)/bin/pip install -q uv==0.13.9
-	$(VENV)/bin/uv pip compile pyproject.toml --extra test -o requirements.lock --python-version 3.11
+	$(VENV)/bin/uv pip compile pyproject.toml --all-extras -o requirements.lock --python-version 3.11
 
 clean:
 	rm -rf .state/work .state/prefect

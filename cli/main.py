@@ -277,6 +277,10 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
     if rehearse and run_id and not fresh:
         raise ConfigError("--rehearse starts from an empty rehearsal store, where no run can be resumed; drop --run-id "
                           "or add --fresh to name the rehearsed run")
+    if rehearse:
+        from verl_grpo.extras import require
+
+        require("rehearsal", "verl-grpo launch --rehearse")
     # On SkyPilot the dry run (which a real launch runs first) reports missing data among all its other checks.
     cfg = _load(configs, overrides, data=provider != "skypilot" or rehearse)
     if rehearse:

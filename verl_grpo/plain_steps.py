@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from verl_grpo import runs
+from verl_grpo import extras, runs
 from verl_grpo.chain import Evals, Outcome, ResolvedRun, run_chain
 from verl_grpo.config import RunConfig, load_config
 from verl_grpo.contracts import Cluster, DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
@@ -47,9 +47,11 @@ def resolve(config_files: Sequence[str], overrides: Sequence[str] = (), run_id: 
 
 
 def prepare_local_state(cfg: RunConfig, data: bool = False) -> None:
-    """The state dir, and the local directories the config names (a `file://` store, a SQLite MLflow DB),
-    created before any library touches them; a path that cannot be made fails here in one line. With `data`
-    (a run about to start), so does a data mirror that lacks the dataset (`check_mirror`)."""
+    """The extras the config needs (`extras.check_config`), the state dir, and the local directories the config
+    names (a `file://` store, a SQLite MLflow DB), created before any library touches them; a missing extra or a
+    path that cannot be made fails here in one line. With `data` (a run about to start), so does a data mirror that
+    lacks the dataset (`check_mirror`)."""
+    extras.check_config(cfg)
     ensure_state_dir()
     ensure_local_dirs({"storage.uri": cfg.storage.uri, "tracking.mlflow_uri": cfg.tracking.mlflow_uri})
     if data:

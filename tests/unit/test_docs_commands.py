@@ -116,6 +116,18 @@ MAPPED = [
            "recipe on the tiny model (tests/e2e/conftest.py::first_cli_run takes it from `make -n run`)",
            ("tests/e2e/conftest.py::=make_run_command",
             "tests/e2e/test_fresh_state.py::test_first_run_creates_the_state_dir_and_finishes")),
+    Mapped(r"make run EXTRAS=", "the core alone, then the whole flow (minutes): the test builds a venv of the core "
+           "as the Makefile's install does, less the extras, and runs gsm8k on the tiny model in it to a registered "
+           "model", ("tests/e2e/test_core_install.py::test_the_core_install_runs_gsm8k_to_a_registered_model",
+                     "Makefile::=-e '.$(if $(EXTRAS),[$(EXTRAS)])'")),
+    Mapped(r"\.venv/bin/uv pip install -c requirements\.lock -e '\.\[cloud\]'",
+           "installs packages; the suite's own venv is the Makefile's same install with every extra",
+           ("Makefile::=uv pip install --python $(PY) -q -c requirements.lock -e",)),
+    Mapped(r"verl-grpo run -c gsm8k -c local -o infra\.provider=skypilot",
+           "fails only where the cloud extra is missing, which this venv has: the core-install test runs it in a venv "
+           "of the core alone, the unit test with SkyPilot hidden",
+           ("tests/e2e/test_core_install.py::test_the_core_install_has_no_extra_and_names_the_one_a_setting_needs",
+            "tests/unit/test_extras.py::test_a_setting_whose_extra_is_missing_fails_the_config_check_in_one_line")),
     Mapped(r"make test", "the whole suite (about half an hour); CI runs exactly this", (".ci/run::=\nmake test",)),
     Mapped(r"verl-grpo run -c gsm8k -c local \[-o key=value \.\.\.\] \[--run-id ID\] \[--fresh\]",
            "a synopsis; the flow trains for minutes: the tests run it on the tiny model, resume it and start it fresh",

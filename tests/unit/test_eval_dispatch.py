@@ -254,7 +254,8 @@ def _no_spec_write(spec, store):
 
 
 def test_training_setup_installs_verl_beside_our_runtime_without_our_pins():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = [*meta["dependencies"], *meta["optional-dependencies"]["search"]]  # the services' retrieval stack
     cfg = build_config(*VERL_H100_8, "skypilot.shape=job_group", files=["gsm8k"], env={})
     verl, transformers, *rest = templates.cluster_packages(cfg, "vllm")
     assert verl == "verl[vllm]==0.9.1" and transformers == "transformers==5.9.0"  # verl's own pin, spelled out

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from verl_grpo.errors import ConfigError
+from verl_grpo.extras import require
 from verl_grpo.mirrors.base import MirrorFailed, Readiness, RunMetrics
 
 API_KEY_ENV, BASE_URL_ENV, MODE_ENV = "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE"
@@ -117,6 +118,7 @@ class WandbMirror:
         return wandb_enabled(env)
 
     def preflight(self, env: Mapping[str, str]) -> Readiness:
+        require("wandb", f"the W&B mirror ({API_KEY_ENV} or {MODE_ENV}=offline set)")
         key = env.get(API_KEY_ENV, "")
         require_key_shape(env)
         if env.get(MODE_ENV, "") in OFFLINE_MODES:

