@@ -48,7 +48,7 @@ def _plain(overrides: list[str]) -> float:
 
 
 def _flow(overrides: list[str]) -> float:
-    from flows.verl_grpo import verl_grpo
+    from verl_grpo_flows.verl_grpo import verl_grpo
 
     start = time.monotonic()
     verl_grpo(config=["gsm8k"], overrides=overrides)
@@ -92,7 +92,7 @@ def render(warm_up: float, plain: list[float], flow: list[float]) -> str:
         "",
         f"Tiny model, 4 GRPO steps, 8 eval problems; data and base eval cached by a warm-up run ({warm_up:.1f} s). "
         f"{len(plain)} rounds, order alternating. Plain = `verl_grpo.plain_steps.run_pipeline`; "
-        "flow = `flows.verl_grpo.verl_grpo` on the ephemeral API (what `verl-grpo run` does).",
+        "flow = `verl_grpo_flows.verl_grpo.verl_grpo` on the ephemeral API (what `verl-grpo run` does).",
         "",
         "| measure | plain Python | Prefect flow | overhead | goal |",
         "|---|---:|---:|---:|---|",

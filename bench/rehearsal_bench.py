@@ -34,7 +34,7 @@ def timed(name: str, home: Path) -> float:
     env = {**os.environ, "VERL_GRPO_HOME": str(home), "PREFECT_HOME": str(home / "prefect")}
     env.pop("PREFECT_API_URL", None)
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "cli", *COMMANDS[name]], cwd=REPO, env=env,
+    result = subprocess.run([sys.executable, "-m", "verl_grpo_cli", *COMMANDS[name]], cwd=REPO, env=env,
                             capture_output=True, text=True)
     seconds = time.monotonic() - start
     if result.returncode != 0:

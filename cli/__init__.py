@@ -1,4 +1,4 @@
-"""The `verl-grpo` command line (cli.main), over the domain package and the Prefect flow."""
+"""The `verl-grpo` command line (verl_grpo_cli.main), over the domain package and the Prefect flow."""
 
 from verl_grpo.privacy import apply_quiet_env
 

@@ -1,3 +1,3 @@
-from cli.main import main
+from verl_grpo_cli.main import main
 
 main()

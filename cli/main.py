@@ -302,10 +302,10 @@ def launch(configs: tuple[str, ...], overrides: tuple[str, ...], provider: str, 
 
 def _run_flow(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str | None = None,
               fresh: bool = False) -> dict:
-    from flows.local_api import use_local_prefect
+    from verl_grpo_flows.local_api import use_local_prefect
 
     use_local_prefect()  # before Prefect is imported: it reads its settings then
-    from flows.verl_grpo import verl_grpo
+    from verl_grpo_flows.verl_grpo import verl_grpo
 
     return verl_grpo(config=list(configs), overrides=list(overrides), run_id=run_id, fresh=fresh)
 

@@ -7,12 +7,6 @@ from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
 
-from flows.task_runners import task_runner
-from tasks.evaluate import evaluate_without_tools, submit_eval
-from tasks.prepare import prepare_data
-from tasks.provision import provision, teardown
-from tasks.register import register
-from tasks.train import train, train_tag
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import Cluster, DatasetVersion, ModelVersion, TrainResult
 from verl_grpo.eval_plan import BASE, TRAINED, TRAINED_WITHOUT_TOOLS, WARM_START, eval_plan
@@ -23,6 +17,12 @@ from verl_grpo.held_out import (
     warm_start_model,
     without_tools_after_trained,
 )
+from verl_grpo_flows.task_runners import task_runner
+from verl_grpo_tasks.evaluate import evaluate_without_tools, submit_eval
+from verl_grpo_tasks.prepare import prepare_data
+from verl_grpo_tasks.provision import provision, teardown
+from verl_grpo_tasks.register import register
+from verl_grpo_tasks.train import train, train_tag
 
 
 class PrefectSteps:
@@ -64,7 +64,7 @@ class PrefectSteps:
 
 def tracking_tags(run: ResolvedRun) -> dict[str, str]:
     """Prefect provenance for the MLflow run (the git source is recorded by the registry itself); the flow labels
-    its run with the run id as name (flows.verl_grpo.label_flow_run)."""
+    its run with the run id as name (verl_grpo_flows.verl_grpo.label_flow_run)."""
     return {
         "prefect.flow_run_id": str(flow_run.id or ""),
         # Prefect's ui_url reads "None/flow-runs/..." where no UI serves the run (an ephemeral API, as `make run`'s)

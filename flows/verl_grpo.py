@@ -10,13 +10,13 @@ from prefect import flow, get_client, tags
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
-from flows.hooks import record_crash
-from flows.steps import PrefectSteps
-from tasks.reporting import publish_summary, run_tags
-from tasks.resolve import resolve_config
 from verl_grpo.chain import ResolvedRun, run_chain
 from verl_grpo.config import config_files
 from verl_grpo.summary import state_message
+from verl_grpo_flows.hooks import record_crash
+from verl_grpo_flows.steps import PrefectSteps
+from verl_grpo_tasks.reporting import publish_summary, run_tags
+from verl_grpo_tasks.resolve import resolve_config
 
 NIGHTLY_TAG = "nightly"  # only runs the scheduler created; a run started by hand is not a nightly retrain
 

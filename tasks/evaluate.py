@@ -9,12 +9,12 @@ from prefect import task
 from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner
 
-from tasks.policy import RETRIED_STEP
 from verl_grpo import held_out
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import DatasetVersion, EvalReport
 from verl_grpo.evaluate.runner import EvalShard
 from verl_grpo.held_out import EvalTarget, RunModel, WarmStartModel
+from verl_grpo_tasks.policy import RETRIED_STEP
 
 
 @task(name="evaluate", **RETRIED_STEP)

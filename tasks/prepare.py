@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks.policy import RETRIED_STEP
 from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import DatasetVersion
+from verl_grpo_tasks.policy import RETRIED_STEP
 
 
 @task(name="prepare-data", **RETRIED_STEP)

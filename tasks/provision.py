@@ -3,10 +3,10 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.policy import RETRIED_STEP
 from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.contracts import Cluster
+from verl_grpo_tasks.policy import RETRIED_STEP
 
 
 @task(name="provision", **RETRIED_STEP)

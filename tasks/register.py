@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks.policy import RETRIED_STEP
 from verl_grpo import plain_steps
 from verl_grpo.chain import Evals, ResolvedRun
 from verl_grpo.contracts import DatasetVersion, ModelVersion, TrainResult
+from verl_grpo_tasks.policy import RETRIED_STEP
 
 
 @task(name="register", **RETRIED_STEP)

@@ -3,12 +3,12 @@ from __future__ import annotations
 from prefect import task
 from prefect.logging import get_run_logger
 
-from tasks.policy import RETRIED_STEP
-from tasks.progress import TrainingProgressArtifacts
 from verl_grpo import plain_steps
 from verl_grpo.chain import ResolvedRun
 from verl_grpo.config.placement import placement
 from verl_grpo.contracts import Cluster, DatasetVersion, TrainResult
+from verl_grpo_tasks.policy import RETRIED_STEP
+from verl_grpo_tasks.progress import TrainingProgressArtifacts
 
 TRAIN_CONCURRENCY_TAG = "verl-grpo-train"
 """Tag of every train task run on this machine (infra.provider=local); a tag concurrency limit of 1 on it (`make

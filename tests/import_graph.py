@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TOPS = ("verl_grpo", "verl_grpo_rehearsal", "cli", "flows", "tasks")
+PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+"""Installed package name → its folder, for the app's folders (cli/, flows/, tasks/)."""
+TOPS = ("verl_grpo", "verl_grpo_rehearsal", *PACKAGE_DIRS)
 """The packages whose imports are read: the domain package, the rehearsal, and the app on top of them."""
-PRODUCT = ("verl_grpo", "cli", "flows", "tasks")
+PRODUCT = ("verl_grpo", *PACKAGE_DIRS)
 LAYERS_MARK = "<!-- layers: tests/unit/test_layers.py -->"
 """ARCHITECTURE.md's drawing of the layers is the fenced block after this line."""
 
@@ -27,11 +30,12 @@ class Edge:
 
 
 def modules(root: Path = REPO, tops: Iterable[str] = TOPS) -> dict[str, Path]:
-    """Dotted module name → source file, for every module under `tops`."""
+    """Dotted module name (as installed) → source file, for every module of the packages `tops`."""
     found = {}
     for top in tops:
-        for path in sorted((root / top).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+        folder = root / PACKAGE_DIRS.get(top, top)
+        for path in sorted(folder.rglob("*.py")):
+            parts = [top, *path.relative_to(folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path

@@ -22,7 +22,7 @@ STEPS = 30
 
 
 def _cli(overrides: list[str], env: dict, log: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "cli", "run", "-c", "gsm8k"]
+    args = [sys.executable, "-m", "verl_grpo_cli", "run", "-c", "gsm8k"]
     for o in overrides:
         args += ["-o", o]
     return subprocess.Popen(args, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)

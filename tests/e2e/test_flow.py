@@ -34,7 +34,7 @@ def prefect_harness():
 
 
 def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness, tiny_overrides, tmp_path):
-    from flows.verl_grpo import verl_grpo
+    from verl_grpo_flows.verl_grpo import verl_grpo
 
     overrides = [*tiny_overrides, "eval.shards=2", "warm_start.enabled=true", "warm_start.steps=4",
                  "warm_start.batch_size=2", "warm_start.max_response_tokens=128"]
@@ -139,7 +139,7 @@ def test_a_task_of_your_own_trains_is_scored_by_your_reward_and_registers_its_ow
     Prefect flow on the tiny model: its reward scores training and eval (its components become metrics; the rows it
     fails on score 0 and are counted), the bad rows are quarantined with their reasons, the model gets its own
     line."""
-    from flows.verl_grpo import verl_grpo
+    from verl_grpo_flows.verl_grpo import verl_grpo
 
     data, code = tmp_path / "data", tmp_path / "code"
     data.mkdir(), code.mkdir()

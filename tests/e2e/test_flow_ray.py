@@ -26,7 +26,7 @@ def prefect_harness():
 
 def test_two_shards_on_local_ray_equal_one_task_and_leave_no_ray_behind(prefect_harness, tiny_overrides):
     """(The thread runner's two shards: tests/e2e/test_flow.py, on the run it checks end to end.)"""
-    from flows.verl_grpo import verl_grpo
+    from verl_grpo_flows.verl_grpo import verl_grpo
 
     overrides = [*tiny_overrides, "eval.shards=2", "orchestration.task_runner=ray"]
     check_sharded_evals(verl_grpo(config=["gsm8k"], overrides=overrides), overrides)
@@ -39,7 +39,7 @@ def test_two_shards_on_local_ray_equal_one_task_and_leave_no_ray_behind(prefect_
 def test_local_ray_listens_on_loopback_only_and_stops_with_the_runner():
     import ray  # noqa: F401  (imported before the runner is made, as any earlier use of Ray would)
 
-    from flows.task_runners import task_runner
+    from verl_grpo_flows.task_runners import task_runner
 
     assert wait_for_no_ray_processes() == []  # none left by an earlier test
     with task_runner(OrchestrationConfig(task_runner="ray")):

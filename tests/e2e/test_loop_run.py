@@ -30,7 +30,7 @@ KILL_AFTER_STEP = 5  # between the checkpoints of steps 3 and 6: steps 4-5 and t
 
 
 def _cli(overrides: list[str], env: dict, log: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "cli", "run", "-c", "gsm8k", "-c", "local"]
+    args = [sys.executable, "-m", "verl_grpo_cli", "run", "-c", "gsm8k", "-c", "local"]
     for o in overrides:
         args += ["-o", o]
     return subprocess.Popen(args, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -25,11 +25,11 @@ from prefect.client.schemas.objects import StateType
 from prefect.settings import PREFECT_API_URL
 from prefect_serving import served_prefect
 
-from tasks.train import CLOUD_TRAIN_CONCURRENCY_TAG, TRAIN_CONCURRENCY_TAG
 from verl_grpo.config import load_config
 from verl_grpo.registry.tracking import RUN_ID_TAG
 from verl_grpo_rehearsal import sky_boundary
 from verl_grpo_rehearsal.session import BUCKET, rehearsal_session
+from verl_grpo_tasks.train import CLOUD_TRAIN_CONCURRENCY_TAG, TRAIN_CONCURRENCY_TAG
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "gpu-skypilot.md"
 SECTION = "# Train on GPUs with SkyPilot"
-CLI = [sys.executable, "-m", "cli"]
+CLI = [sys.executable, "-m", "verl_grpo_cli"]
 FORMS = {
     "sky check": "SkyPilot's own sky check, offline (temporary HOME, local API server on a free port)",
     "rehearse": "as written, on the local rehearsal (TOTAL_STEPS=3)",

@@ -63,7 +63,7 @@ def test_job_group_survives_two_preemptions_and_a_restarted_bug(tiny_model_dir, 
     cfg = load_config(CONFIGS, overrides)
     with seeded_test_harness(), \
             rehearsal_session(cfg, preempt_at=(2, 4), fail_at=6, root=tmp_path / "rehearsal") as session:
-        from flows.verl_grpo import verl_grpo
+        from verl_grpo_flows.verl_grpo import verl_grpo
 
         run_overrides = [*overrides, *session.overrides]
         summary = verl_grpo(config=CONFIGS, overrides=run_overrides)
@@ -111,7 +111,7 @@ def test_a_user_code_failure_fails_the_launch_once_without_retries(tiny_model_di
     env = {**os.environ, "VERL_GRPO_HOME": str(tmp_path / "home"),
            "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect"))}
     env.pop("PREFECT_API_URL", None)
-    cmd = [sys.executable, "-m", "cli", "launch", *(a for c in CONFIGS for a in ("-c", c)),
+    cmd = [sys.executable, "-m", "verl_grpo_cli", "launch", *(a for c in CONFIGS for a in ("-c", c)),
            *(a for o in [f"model.name={tiny_model_dir}", *SMALL, "skypilot.max_restarts_on_errors=0"]
              for a in ("-o", o)), "--rehearse", "--fail-at", "2"]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

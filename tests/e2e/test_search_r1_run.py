@@ -157,7 +157,7 @@ def test_a_gpu_launch_rehearsal_runs_verls_tool_loop_against_the_job_groups_retr
     ]
     cfg = load_config(["squad"], overrides)
     with seeded_test_harness(), rehearsal_session(cfg, root=tmp_path / "rehearsal") as session:
-        from flows.verl_grpo import verl_grpo
+        from verl_grpo_flows.verl_grpo import verl_grpo
 
         run_overrides = [*overrides, *session.overrides]
         summary = verl_grpo(config=["squad"], overrides=run_overrides)

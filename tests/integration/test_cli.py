@@ -10,7 +10,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from verl_grpo_cli.main import main
 
 COMMANDS = ["run", "prepare", "train", "evaluate", "register", "validate", "score", "launch", "models", "jobs"]
 
@@ -95,7 +95,7 @@ def test_run_with_an_unknown_run_id_fails_in_one_line_before_anything_starts(tmp
     home = tmp_path / "home"
     env = {**os.environ, "VERL_GRPO_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-m", "cli", "run", "-c", "gsm8k", "-c", "local", "--run-id",
+    done = subprocess.run([sys.executable, "-m", "verl_grpo_cli", "run", "-c", "gsm8k", "-c", "local", "--run-id",
                            "does-not-exist"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()

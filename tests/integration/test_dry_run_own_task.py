@@ -47,7 +47,7 @@ def test_a_task_of_your_own_dry_runs_showing_its_reward_shipped_and_scoring_a_ro
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WANDB_"))}
     clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), clean.get("PYTHONPATH")) if p)
     args = [a for o in [*task_overrides(rows, reward / "sums_reward.py"), *GPU] for a in ("-o", o)]
-    done = subprocess.run([sys.executable, "-m", "cli", "launch", *args, "--dry-run"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "verl_grpo_cli", "launch", *args, "--dry-run"], cwd=tmp_path,
                           env={**clean, **ENV}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line.removeprefix("  - ") for line in done.stdout.splitlines() if line.startswith("  - reward: ")]

@@ -9,7 +9,7 @@ import sys
 
 from click.testing import CliRunner
 
-from cli.main import main
+from verl_grpo_cli.main import main
 
 FAKE_KEY_ID, FAKE_SECRET = "AKIAFAKEFAKEFAKEFAKE", "fake/secret+value/for/the/dry/run/only00"
 
@@ -17,7 +17,7 @@ FAKE_KEY_ID, FAKE_SECRET = "AKIAFAKEFAKEFAKEFAKE", "fake/secret+value/for/the/dr
 def _launch(tmp_path, *args: str, config: str = "gsm8k", **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WANDB_"))}
     clean["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), clean.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "cli", "launch", "-c", config, *args, "--dry-run"],
+    return subprocess.run([sys.executable, "-m", "verl_grpo_cli", "launch", "-c", config, *args, "--dry-run"],
                           cwd=tmp_path, env={**clean, **env}, capture_output=True, text=True, timeout=300)
 
 

@@ -51,7 +51,7 @@ def _cli(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     full, outside_log = loopback_only.subprocess_env(
         tmp_path, {**base, "PYTHONPATH": REPO, **env})
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=full, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "verl_grpo_cli", *args], cwd=REPO, env=full, capture_output=True, text=True,
                           timeout=300)
     assert not outside_log.exists(), f"tried non-loopback addresses: {outside_log.read_text()}"
     return done

@@ -47,7 +47,7 @@ def test_models_cli_and_charts(base_overrides, tiny_model_dir, tmp_path):
     from click.testing import CliRunner
     from mlflow import MlflowClient
 
-    from cli.main import main
+    from verl_grpo_cli.main import main
 
     cfg, _, version = _register_tiny_as_run([*base_overrides, "eval.limit=4"], "run-a", tiny_model_dir)
     args = [a for o in base_overrides for a in ("-o", o)]

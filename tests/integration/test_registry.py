@@ -18,11 +18,11 @@ from mlflow.tracking import MlflowClient
 from registry_runs import SPLIT, N, correct_first, make_env, make_run, outcome, register, stored_report
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tasks.reporting import curve_png_location
 from verl_grpo.contracts import RunCost
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.provenance import git_sha
 from verl_grpo.registry import download_version, list_models, register_run
+from verl_grpo_tasks.reporting import curve_png_location
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`tasks.policy.retry_on_infra_errors` in real Prefect runs (a temporary Prefect server via prefect_test_harness):
+"""`verl_grpo_tasks.policy.retry_on_infra_errors` in real Prefect runs (a temporary Prefect server via prefect_test_harness):
 Preempted/InfraError are retried, code errors fail at once. Retry delays are overridden to 0 s."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from prefect import flow, task
 from prefect_template import seeded_test_harness
 
-from tasks.policy import RETRY_DELAYS_S, retry_on_infra_errors
 from verl_grpo.contracts import TrainResult
 from verl_grpo.errors import ConfigError, InfraError, Preempted, TrainingError
+from verl_grpo_tasks.policy import RETRY_DELAYS_S, retry_on_infra_errors
 
 RETRIES = 3
 
@@ -71,11 +71,11 @@ def test_retries_stop_after_the_budget():
 
 def test_the_train_task_retries_a_preempted_training_and_not_a_failed_one(monkeypatch):
     """The real `train` task (its retry settings, delays set to 0) around a stand-in for plain_steps.train."""
-    from tasks import train as train_module
     from verl_grpo import plain_steps
     from verl_grpo.chain import ResolvedRun
     from verl_grpo.config import load_config
     from verl_grpo.contracts import Cluster, DatasetVersion
+    from verl_grpo_tasks import train as train_module
 
     cfg = load_config(overrides=["algorithm.total_steps=2"], env={})
     dataset = DatasetVersion(name="gsm8k", hash="h", uri="file:///d", splits={"train": "file:///d/train.parquet"},

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
 from verl_grpo.config import load_config
 from verl_grpo.data import BUILDERS
 from verl_grpo.data.sources import check_mirror
 from verl_grpo.data.task_check import check_task
 from verl_grpo.errors import DataError
 from verl_grpo.plain_steps import prepare_local_state
+from verl_grpo_cli.main import main
 
 
 def _check(*overrides: str) -> list[str]:

@@ -317,7 +317,7 @@ def test_mapped_verl_grpo_commands_show_only_options_their_help_lists():
     of the `verl-grpo` command, in-process: its group imports only click)."""
     from click.testing import CliRunner
 
-    from cli.main import main
+    from verl_grpo_cli.main import main
 
     checked = 0
     for command in ALL:

@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from flows.deploy_steps import (
+from verl_grpo.errors import ConfigError
+from verl_grpo.services.reward_client import RETRIES_ENV, TIMEOUT_ENV, _client_settings
+from verl_grpo_flows.deploy_steps import (
     NIGHTLY_ORDER,
     flow_run_environment,
     gpu_overrides,
@@ -15,8 +17,6 @@ from flows.deploy_steps import (
     nightly_schedule,
     nightly_schedules,
 )
-from verl_grpo.errors import ConfigError
-from verl_grpo.services.reward_client import RETRIES_ENV, TIMEOUT_ENV, _client_settings
 
 SETTINGS = {  # variable: (what reads it, bad values, a good value and what it reads as)
     TIMEOUT_ENV: (lambda: _client_settings()["timeout_s"], ["soon", "0", "-1"], ("2.5", 2.5)),

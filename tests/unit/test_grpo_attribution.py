@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 from registry_runs import outcome
 
-from cli.main import _print_where_to_look
 from verl_grpo.comparison import EvalTables, compare_to_base, grpo_line, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, TrainResult
 from verl_grpo.store import Store
 from verl_grpo.summary import outcome_lines, summary_dict, summary_markdown
+from verl_grpo_cli.main import _print_where_to_look
 
 N = 60
 

@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from cli.main import main
 from verl_grpo.config import ALL_KNOBS, ENV_KNOBS, RunConfig, load_config
 from verl_grpo.config.loader import KNOB_ALSO_SETS
 from verl_grpo.config.schema import accepts_empty
 from verl_grpo.errors import ConfigError
+from verl_grpo_cli.main import main
 
 
 def _leaf_keys(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:

@@ -9,7 +9,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from import_graph import PRODUCT, REPO, Edge, cycles, edges, layers, modules, unit
+from import_graph import PACKAGE_DIRS, PRODUCT, REPO, Edge, cycles, edges, layers, modules, unit
 
 IMPORT_EVERY_DOMAIN_MODULE = """
 import importlib, pkgutil, sys
@@ -21,7 +21,8 @@ entries = {"verl_grpo.trainers.trl.worker", "verl_grpo.trainers.loop.worker"}
 assert entries <= set(names), entries - set(names)
 for name in sorted(names, key=lambda name: name in entries):
     importlib.import_module(name)
-upper = sorted(m for m in sys.modules if m.split(".")[0] in {"prefect", "flows", "tasks", "cli", "verl_grpo_rehearsal"})
+upper = sorted(m for m in sys.modules if m.split(".")[0] in {"prefect", "verl_grpo_flows", "verl_grpo_tasks", "verl_grpo_cli",
+                                                            "verl_grpo_rehearsal"})
 assert not upper, f"importing verl_grpo loaded {upper}"
 """
 
@@ -107,6 +108,20 @@ def test_the_checks_find_a_cycle_and_an_upward_import_inside_a_function(tmp_path
     assert unit_cycles(graph) == ["units in a cycle: high, low"]
     assert upward_imports(graph, _drawing(tmp_path)) == [
         "verl_grpo/low.py:2: verl_grpo.low (core) imports verl_grpo.high (top, a higher layer)"]
+
+
+def test_the_wheel_installs_every_package_and_no_generic_top_level_name():
+    """pyproject.toml lists the packages (the app's folders installed under names of their own): every folder that
+    holds one is listed, and each top-level name is this project's."""
+    import tomllib
+
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = {name: REPO / PACKAGE_DIRS.get(name, name) for name in ("verl_grpo", "verl_grpo_rehearsal", *PACKAGE_DIRS)}
+    found = {".".join([top, *init.parent.relative_to(folder).parts])
+             for top, folder in folders.items() for init in folder.rglob("__init__.py")}
+    assert sorted(listed) == sorted(found)
+    assert {name.split(".")[0] for name in listed} == {"verl_grpo", "verl_grpo_rehearsal", "verl_grpo_cli",
+                                                      "verl_grpo_flows", "verl_grpo_tasks"}
 
 
 def test_every_domain_module_imports_without_prefect_or_the_layers_above():

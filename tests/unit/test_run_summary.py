@@ -3,12 +3,12 @@
 from metrics_lines import COMPONENTS, trl_lines
 from registry_runs import outcome
 
-from cli.main import _print_where_to_look
 from verl_grpo.comparison import MetricChange
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.reward_curve import reward_curve
 from verl_grpo.summary import STATE_MESSAGE_CHARS, state_message, summary_dict, summary_markdown
+from verl_grpo_cli.main import _print_where_to_look
 
 PNG = "/state/store/runs/run-1/reward_curve.png"
 METRICS = {"accuracy": 0.3, "mean_score": 0.4, "format_rate": 0.5, "mean_response_tokens": 80.0,
