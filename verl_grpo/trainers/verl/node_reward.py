@@ -123,11 +123,12 @@ def node_reward(cfg: RunConfig, store: Store, workdir: str, on_this_machine: boo
 
 def workdir_packages(pyproject: Path | None = None) -> set[str]:
     """Top-level packages the nodes' editable install of the workdir (`uv pip install -e .`) makes importable:
-    pyproject.toml's [tool.setuptools.packages.find] include, wildcards dropped."""
+    pyproject.toml's [tool.setuptools] packages, or its packages.find include with wildcards dropped."""
     path = pyproject or (repo_root() or Path.cwd()) / "pyproject.toml"
     try:
-        include = tomllib.loads(path.read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        packages = tomllib.loads(path.read_text())["tool"]["setuptools"]["packages"]
+        include = packages if isinstance(packages, list) else packages["find"]["include"]
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return {"verl_grpo"}
     return {p.rstrip("*").split(".")[0] for p in include if p.rstrip("*")}
 
