@@ -359,7 +359,7 @@ def home() -> None:
 @main.group()
 def jobs() -> None:
     """A run's SkyPilot jobs (`verl-grpo-{run_id}`, `-eval`): list, follow, cancel; on the rehearsal when
-    VERL_GRPO_REHEARSAL_DIR is set."""
+    VERL_GRPO_SKY_BOUNDARY names it (docs/gpu-skypilot.md)."""
 
 
 _CLUSTER_JOBS_HELP = "The jobs run with `sky exec` on this existing cluster (default: managed jobs)."

@@ -2,7 +2,7 @@
 
 Used where we reason about what a node's setup installs without downloading anything: the dry run's import check
 (`node_imports`: which import names a setup's requirements provide) and the rehearsal's node
-environments (`rehearsal.node_env`: which distributions to link into a node's venv). A package that cannot be
+environments (`verl_grpo_rehearsal.node_env`: which distributions to link into a node's venv). A package that cannot be
 installed here (GPU-only, e.g. vLLM) contributes its known requirements (`KNOWN_REQUIRES`); any other one not
 installed here counts as itself only.
 """

@@ -2,7 +2,7 @@
 their values and which are requirements or paths.
 
 Shared by the SkyPilot provider's node-import check (`node_imports`) and the rehearsal's pip/uv
-shims (`rehearsal.shims`); standard library only, as the shims import it at every stood-in python start.
+shims (`verl_grpo_rehearsal.shims`); standard library only, as the shims import it at every stood-in python start.
 """
 
 from __future__ import annotations
