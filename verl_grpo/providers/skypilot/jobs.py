@@ -2,8 +2,8 @@
 
 The same provider a launch builds talks to SkyPilot (or to the module VERL_GRPO_SKY_BOUNDARY names in its place,
 e.g. the local rehearsal's), and the jobs are found by the names the provider gives them: `verl-grpo-{run_id}` for
-training and `verl-grpo-{run_id}-eval` for the held-out eval. Managed jobs by default; with `cluster`, the jobs that ran with
-`sky exec` on that existing cluster.
+training and `verl-grpo-{run_id}-eval` for the held-out eval. Managed jobs by default; with `cluster`, the jobs that
+ran with `sky exec` on that existing cluster.
 """
 
 from __future__ import annotations
