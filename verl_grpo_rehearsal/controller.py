@@ -643,9 +643,10 @@ class JobController:
 
     def _finish(self, status: str, reason: str | None) -> None:
         recovery_count = sum(t.recovery_count for t in self.tasks)
+        # The event first: whoever sees the ended state (a log tail that stops on it) finds the event too.
+        self.event("job_ended", status=status, failure_reason=reason, recovery_count=recovery_count)
         self._set_state(status=status, failure_reason=reason, recovery_count=recovery_count,
                         tasks={t.name: t.status for t in self.tasks}, ended_at=time.time())
-        self.event("job_ended", status=status, failure_reason=reason, recovery_count=recovery_count)
         self.log.say(f"job {self.info['job_id']} {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
 
     def _set_state(self, **changes: Any) -> None:
