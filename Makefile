@@ -2,7 +2,6 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # `make test` splits the suite over this many pytest-xdist workers (tests/parallel_units.py: how; 0: one process).
 PYTEST_WORKERS ?= 3
@@ -13,6 +12,9 @@ RUN_ARGS ?=
 # The optional extras `make install` adds to the core (pyproject.toml): all of them, for `make test` and the cloud;
 # `make run EXTRAS=` installs the core alone, all the local flow needs.
 EXTRAS ?= cloud,search,ray,wandb,rehearsal,test
+# One stamp per set of extras: `make test` after `make run EXTRAS=` installs what the core alone lacks.
+comma := ,
+STAMP := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 
 # Python writes the bytecode of each module it imports, once (into .venv and this checkout's __pycache__, which git
 # ignores): on a machine that sets PYTHONDONTWRITEBYTECODE, as this one does, every process of a run or a test run
