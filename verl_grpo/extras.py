@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from verl_grpo.config.placement import placement
 from verl_grpo.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ def require(extra: str, setting: str) -> None:
 
 def check_config(cfg: RunConfig) -> None:
     """Every extra `cfg` asks for on this machine, the first missing one raising ConfigError."""
-    from verl_grpo.config.placement import placement
-
     if cfg.infra.provider == "skypilot":
         require("cloud", "infra.provider=skypilot")
     if cfg.trainer.backend == "verl":
