@@ -13,7 +13,8 @@ from verl_grpo.comparison import EvalTables, compare_to_base
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import EvalReport
 from verl_grpo.models import model_short_name
-from verl_grpo.registry.tracking import read_lines
+from verl_grpo.registry.leaderboard import leaderboard_markdown, leaderboard_route, read_leaderboard
+from verl_grpo.registry.tracking import TRAINING_VIEW, read_lines
 from verl_grpo.reward_curve import reward_curve
 from verl_grpo.store import Store
 from verl_grpo.store_layout import run_reward_curve
@@ -22,8 +23,6 @@ from verl_grpo.trainers.worker.samples import latest_rows, stored_samples
 
 MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"
 """URL of an MLflow UI and the local tracking store it serves (`make serve` sets both), for links from Prefect."""
-# MLflow 3's UI opens every experiment in its GenAI (traces) view unless the link asks for the training view.
-MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
 SAMPLES_KEY = "training-samples"
 """The flow run's table artifact of the last sampled training step's rollouts."""
 
@@ -33,16 +32,20 @@ def run_tags(cfg: RunConfig) -> list[str]:
     return [cfg.task, model_short_name(cfg.model.name), cfg.infra.provider, cfg.trainer.backend]
 
 
-def mlflow_run_url(tracking_uri: str, experiment_id: str, mlflow_run_id: str) -> str | None:
-    """The MLflow UI page of a run: on the tracking server itself, or on the UI that serves this local store
-    (VERL_GRPO_MLFLOW_UI over VERL_GRPO_MLFLOW_UI_STORE); None when no UI serves it."""
+def mlflow_ui(tracking_uri: str) -> str | None:
+    """The MLflow UI that shows this tracking store: the tracking server itself, or the UI that serves this local
+    store (VERL_GRPO_MLFLOW_UI over VERL_GRPO_MLFLOW_UI_STORE); None when no UI serves it."""
     if tracking_uri.startswith(("http://", "https://")):
-        ui = tracking_uri
-    elif os.environ.get(MLFLOW_UI_STORE_ENV) == tracking_uri and os.environ.get(MLFLOW_UI_ENV):
-        ui = os.environ[MLFLOW_UI_ENV]
-    else:
-        return None
-    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run_id}?{MLFLOW_TRAINING_VIEW}"
+        return tracking_uri.rstrip("/")
+    if os.environ.get(MLFLOW_UI_STORE_ENV) == tracking_uri and os.environ.get(MLFLOW_UI_ENV):
+        return os.environ[MLFLOW_UI_ENV].rstrip("/")
+    return None
+
+
+def mlflow_run_url(tracking_uri: str, experiment_id: str, mlflow_run_id: str) -> str | None:
+    """The MLflow UI page of a run; None when no UI serves its store."""
+    ui = mlflow_ui(tracking_uri)
+    return f"{ui}/#/experiments/{experiment_id}/runs/{mlflow_run_id}?{TRAINING_VIEW}" if ui else None
 
 
 def mlflow_local_note(tracking_uri: str, mlflow_run_id: str) -> str:
@@ -95,7 +98,7 @@ def publish_summary(outcome: Outcome) -> dict:
         logger.info(line)
     for line in summary["warnings"]:
         logger.warning(line)
-    create_markdown_artifact(summary_markdown(summary, link), key=summary_key(cfg.task),
+    create_markdown_artifact(summary_markdown(summary, link), key=summary_key(board_name(cfg)),
                              description=f"verl-grpo run {run_id}")
     create_table_artifact(eval_table(report, base, warm), key="eval-results",
                           description=f"{run_id}: {report.split} n={report.n}, base vs "
@@ -104,6 +107,7 @@ def publish_summary(outcome: Outcome) -> dict:
         create_table_artifact(samples, key=SAMPLES_KEY,
                               description=f"{run_id}: rollouts of training step {samples[0]['step']}, the last "
                                           "sampled step (every sampled step: the MLflow run's train/samples.json)")
+    publish_leaderboard(cfg)
     if url:
         create_link_artifact(url, link_text=f"MLflow run {version.mlflow_run_id}", key="mlflow-run")
     else:
@@ -116,10 +120,39 @@ def publish_summary(outcome: Outcome) -> dict:
     return summary
 
 
-def summary_key(dataset: str) -> str:
-    """`run-summary-<dataset>`: one key per dataset, so the key's history page in Prefect lists that dataset's runs
-    (the nightly leaderboard); Prefect keys take lowercase letters, digits and dashes."""
-    return "run-summary-" + re.sub(r"[^a-z0-9]+", "-", dataset.lower()).strip("-")
+def summary_key(board: str) -> str:
+    """`run-summary-<board>`: one key per task (and one per task's smoke runs, see `board_name`), so the key's
+    history page in Prefect lists that task's run summaries; Prefect keys take lowercase letters, digits and
+    dashes."""
+    return "run-summary-" + _key_part(board)
+
+
+def leaderboard_key(board: str) -> str:
+    """`leaderboard-<board>`: the task's leaderboard, a new version of the same key after each run."""
+    return "leaderboard-" + _key_part(board)
+
+
+def _key_part(board: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", board.lower()).strip("-")
+
+
+def board_name(cfg: RunConfig) -> str:
+    """The task (`gsm8k`), or its smoke runs' own board (`gsm8k-tiny`), as the MLflow experiments split them."""
+    return cfg.task + (f"-{cfg.smoke_model}" if cfg.smoke_model else "")
+
+
+def publish_leaderboard(cfg: RunConfig) -> None:
+    """The leaderboard of the run's experiment (verl_grpo.registry.leaderboard) as the markdown artifact
+    `leaderboard-<board>`, linked to the MLflow UI's runs and saved view when a UI serves the store."""
+    experiment_id, rows = read_leaderboard(cfg.tracking.mlflow_uri, cfg.experiment_name)
+    if experiment_id is None:
+        return
+    ui = mlflow_ui(cfg.tracking.mlflow_uri)
+    markdown = leaderboard_markdown(
+        board_name(cfg), rows, run_url=lambda run: mlflow_run_url(cfg.tracking.mlflow_uri, experiment_id, run),
+        view_url=f"{ui}/#{leaderboard_route(experiment_id)}" if ui else None)
+    create_markdown_artifact(markdown, key=leaderboard_key(board_name(cfg)),
+                             description=f"{board_name(cfg)}: registered runs, newest first")
 
 
 def curve_png_location(store: Store, run_id: str) -> str:

@@ -433,7 +433,9 @@ class TrackingConfig(_Section):
     mlflow_uri: str = Field(default_factory=lambda: f"sqlite:///{state_dir() / 'mlflow.db'}")
     """MLflow tracking URI: the local SQLite file by default, or an `http://` MLflow server."""
     experiment: str | None = None
-    """MLflow experiment; None means `verl-grpo/<task>` (dataset.task, else the dataset's name)."""
+    """MLflow experiment; None means `verl-grpo/<task>` (dataset.task, else the dataset's name), and
+    `verl-grpo/<task>-tiny` for a smoke run on the tiny test model, so smoke runs never crowd the production
+    experiment's runs table and leaderboard."""
     registered_model: str | None = None
     """Registered model name; None means `verl-grpo-<task>` (`verl-grpo-<task>-tiny` for a smoke run on the tiny test
     model, which must not add versions to the production line)."""
@@ -897,8 +899,16 @@ class RunConfig(_Section):
         return self.dataset.task_name
 
     @property
+    def smoke_model(self) -> str | None:
+        """The smoke model this run trains (`tiny`), None for a production run."""
+        name = self.model.name.strip().lower()
+        return name if name in SMOKE_MODELS else None
+
+    @property
     def experiment_name(self) -> str:
-        return self.tracking.experiment or f"verl-grpo/{self.task}"
+        if self.tracking.experiment:
+            return self.tracking.experiment
+        return f"verl-grpo/{self.task}" + (f"-{self.smoke_model}" if self.smoke_model else "")
 
     @property
     def wandb_project(self) -> str:
@@ -911,9 +921,8 @@ class RunConfig(_Section):
     def registered_model_name(self) -> str:
         if self.tracking.registered_model:
             return self.tracking.registered_model
-        smoke = self.model.name.strip().lower()
-        if smoke in SMOKE_MODELS:  # a smoke run never adds a version to the dataset's production line
-            return f"verl-grpo-{self.task}-{smoke}"
+        if self.smoke_model:  # a smoke run never adds a version to the dataset's production line
+            return f"verl-grpo-{self.task}-{self.smoke_model}"
         return f"verl-grpo-{self.task}"
 
     def digest(self) -> str:

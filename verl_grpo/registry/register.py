@@ -22,6 +22,13 @@ from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCos
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.mirrors import RunMetrics
 from verl_grpo.registry import plots, tracking
+from verl_grpo.registry.leaderboard import (
+    COMPARED_TO_TAG,
+    DECISION_TAG,
+    MODEL_VERSION_TAG,
+    compare_route,
+    ensure_leaderboard_view,
+)
 from verl_grpo.registry.lines import (
     BASE_MODEL_TAG,
     COMPARABILITY_TAG,
@@ -55,7 +62,6 @@ EVAL_ARTIFACT_DIR = "eval"
 TRAIN_SAMPLES_ARTIFACT = "train/samples.json"
 """The run's training samples (samples.jsonl, every sampled step) as a table MLflow's UI renders."""
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
-DECISION_TAG = "promotion.decision"
 FINAL_STEP_METRIC = tracking.value_name("train", "final_step")
 VERSION_TAGS = (tracking.RUN_ID_TAG, MODEL_URI_TAG, "dataset.hash", BASE_MODEL_TAG, "config.digest",
                 COMPARABILITY_TAG, SETTINGS_TAG)
@@ -97,6 +103,7 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
     client = tracking.client_for(cfg.tracking.mlflow_uri)
     exp_id = tracking.experiment_id(client, cfg.experiment_name,
                                     tracking.artifact_location(cfg.tracking.mlflow_uri, cfg.experiment_name))
+    ensure_leaderboard_view(client, exp_id)
     run_tags = _run_tags(cfg, run_id, dataset, train, report, tags)
     # The MLflow run spans the training: it starts when training did and ends with this registration.
     mlflow_run_id = tracking.find_or_create_run(client, exp_id, run_id, run_tags,
@@ -131,7 +138,10 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
         log.warning("run %s: %s", run_id, finding)
     decision = _recorded_decision(client, name, version, report)
     if decision is None:
+        champion = version_by_alias(client, name, CHAMPION)
         decision = _decide(client, name, version, report, tables, champion_report, cfg.tracking.promotion_p_value)
+        if champion is not None and decision.comparison is not None:  # the run it was compared with
+            tracking.set_tags(client, mlflow_run_id, {COMPARED_TO_TAG: champion.run_id})
         if attribution := grpo_line(changes):
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {attribution}")
         _record_decision(client, name, version, report, decision, health)
@@ -141,9 +151,13 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
         else:
             client.set_registered_model_alias(name, CHALLENGER, version.version)
     # The runs table and the run page show the outcome where comparisons happen: the description, a decision column.
+    compared = client.get_run(mlflow_run_id).data.tags.get(COMPARED_TO_TAG)
+    compare = (f"\n\n[Compare with the champion's run](#{compare_route(exp_id, mlflow_run_id, compared)})"
+               if compared else "")
     tracking.set_tags(client, mlflow_run_id, {
         RUN_NOTE_TAG: f"**{name} v{version.version}**: {decision.reason}\n\n{_headline(report)}"
-                      + _warning_paragraphs(health),
+                      + compare + _warning_paragraphs(health),
+        MODEL_VERSION_TAG: f"{name} v{version.version}",
         DECISION_TAG: decision.code})  # the version's tag, on its run too: a column the runs table can show
     client.set_terminated(mlflow_run_id, "FINISHED")
     # Last, once the version is registered: a mirror is best effort and its failure is a result, not an error.

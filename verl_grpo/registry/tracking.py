@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 RUN_ID_TAG = "verl_grpo.run_id"
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 """What MLflow 3's UI reads to open an experiment as model training (runs, metrics) rather than GenAI (traces)."""
+TRAINING_VIEW = "workflowType=machine_learning"
+"""The UI route's query that opens an experiment's training view (MLflow 3 would open its GenAI view otherwise)."""
 SOURCE_NAME = "verl-grpo"
 TRAINING_CONTEXT = "training"
 TRAIN_METRICS_TAG = "verl_grpo.train_metrics_logged"
