@@ -347,8 +347,11 @@ def mirror(configs: tuple[str, ...], overrides: tuple[str, ...], run_id: str, on
 def home() -> None:
     """Create the state dir and every directory the libraries expect in it; print where each thing lives."""
     from verl_grpo.local_paths import data_mirror_dir, ensure_dir, model_cache_dir, prefect_home, state_dir
+    from verl_grpo.registry.relocate import relocate_artifacts
 
     cfg = _load((), ())  # creates the state dir, the store and the MLflow DB's directory
+    if moved_from := relocate_artifacts(cfg.tracking.mlflow_uri):
+        click.echo(f"MLflow store moved: artifact paths rewritten from {moved_from}", err=True)
     for name, where in (("state dir (VERL_GRPO_HOME)", state_dir()), ("store", cfg.storage.uri),
                         ("MLflow", cfg.tracking.mlflow_uri),
                         ("Prefect home", ensure_dir(prefect_home(), "PREFECT_HOME")),

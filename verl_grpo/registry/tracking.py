@@ -27,6 +27,7 @@ from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
 from verl_grpo.contracts import DatasetVersion
 from verl_grpo.errors import InfraError
 from verl_grpo.provenance import git_sha
+from verl_grpo.registry.relocate import artifacts_root, relocate_artifacts
 from verl_grpo.registry.secrets import assert_no_secrets
 from verl_grpo.store import Store, strip_scheme
 
@@ -41,6 +42,7 @@ SOURCE_NAME = "verl-grpo"
 TRAINING_CONTEXT = "training"
 TRAIN_METRICS_TAG = "verl_grpo.train_metrics_logged"
 _INVALID_NAME_CHARS = re.compile(r"[^\w./\- ]")
+_UNSAFE_DIR_CHARS = re.compile(r"[^\w.-]+")
 _TRUNCATED = "…[truncated; see config.yaml artifact]"
 
 
@@ -64,7 +66,9 @@ def infra_errors(tracking_uri: str) -> Iterator[None]:
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
-    """A client whose tracking and registry both live at `tracking_uri` (SQLite file or http server)."""
+    """A client whose tracking and registry both live at `tracking_uri` (SQLite file or http server); a SQLite store
+    that moved with its state dir has its artifact paths rewritten first (registry.relocate)."""
+    relocate_artifacts(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -103,7 +107,7 @@ def artifact_location(tracking_uri: str, experiment: str) -> str | None:
     if not tracking_uri.startswith("sqlite:///"):
         return None
     db = Path(tracking_uri.removeprefix("sqlite:///")).expanduser()
-    return (db.parent.resolve() / "mlartifacts" / re.sub(r"[^\w.-]+", "-", experiment)).as_uri()
+    return f"{artifacts_root(db)}/{_UNSAFE_DIR_CHARS.sub('-', experiment)}"
 
 
 def experiment_id(client: MlflowClient, name: str, location: str | None = None) -> str:
