@@ -9,9 +9,8 @@ from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from verl_grpo.chain import Outcome
-from verl_grpo.comparison import EvalTables, compare_to_base
+from verl_grpo.comparison import EvalTables, compare_to_base, eval_table
 from verl_grpo.config import RunConfig
-from verl_grpo.contracts import EvalReport
 from verl_grpo.models import model_short_name
 from verl_grpo.registry.leaderboard import leaderboard_markdown, leaderboard_route, read_leaderboard
 from verl_grpo.registry.tracking import TRAINING_VIEW, read_lines
@@ -53,27 +52,6 @@ def mlflow_local_note(tracking_uri: str, mlflow_run_id: str) -> str:
     return (f"# MLflow run `{mlflow_run_id}`\n\nThe tracking store is local (`{tracking_uri}`); open it with "
             f"`make serve` (MLflow UI at http://127.0.0.1:5000) or\n\n```bash\n{mlflow_ui_command(tracking_uri)}\n```"
             f"\n\nthen the run `{mlflow_run_id}` (or search `tags.verl_grpo.run_id`).\n")
-
-
-def eval_table(report: EvalReport, base: EvalReport, warm_start: EvalReport | None = None) -> list[dict]:
-    """One row per metric: base model, (warm-start model,) trained model and the difference to base (and, with a
-    warm start, GRPO's own difference: trained minus warm start)."""
-    rows = []
-    for name in sorted(set(report.metrics) | set(base.metrics) | set(warm_start.metrics if warm_start else ())):
-        trained, before = report.metrics.get(name), base.metrics.get(name)
-        row = {"metric": name, "base": before}
-        if warm_start is not None:
-            warm = warm_start.metrics.get(name)
-            row |= {"warm_start": warm, "trained": trained, "delta": _delta(trained, before),
-                    "delta_grpo": _delta(trained, warm)}
-        else:
-            row |= {"trained": trained, "delta": _delta(trained, before)}
-        rows.append(row)
-    return rows
-
-
-def _delta(after: float | None, before: float | None) -> float | None:
-    return None if after is None or before is None else round(after - before, 6)
 
 
 def publish_summary(outcome: Outcome) -> dict:

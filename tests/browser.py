@@ -114,3 +114,46 @@ def chart_sections(dom: str) -> list[tuple[str, int]]:
     """The chart sections of an MLflow run page's metric tab, in page order: (name, number of charts); MLflow draws
     each section's header as its name followed by `(N)`."""
     return [(name, int(n)) for name, n in re.findall(r">([^<>]+)</div><div[^>]*>\((\d+)\)</div>", dom)]
+
+
+class _GridRows(HTMLParser):
+    """ag-Grid's rows (MLflow's runs table): `role=row` elements with a `row-id`, cells with a `col-id`. A row's
+    pinned and scrolling parts are separate elements with the same row-id; their cells are merged."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: dict[str, dict[str, str]] = {}
+        self._stack: list[tuple[str | None, str | None]] = []  # (row-id, col-id) each open element starts
+        self._text: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        row = attrs.get("row-id") if attrs.get("role") == "row" else None
+        col = attrs.get("col-id") if attrs.get("role") == "gridcell" else None
+        if col is not None and self._text is None:
+            self._text = []
+        else:
+            col = None
+        self._stack.append((row, col))
+
+    def handle_endtag(self, tag):
+        if not self._stack:
+            return
+        _, col = self._stack.pop()
+        if col is not None:
+            row = next((r for r, _ in reversed(self._stack) if r is not None), None)
+            if row is not None:
+                self.rows.setdefault(row, {})[col] = " ".join("".join(self._text or []).split())
+            self._text = None
+
+    def handle_data(self, data):
+        if self._text is not None:
+            self._text.append(data)
+
+
+def grid_rows(dom: str) -> dict[str, dict[str, str]]:
+    """MLflow's runs table as drawn: {row id (the MLflow run id): {column id (`metrics.\\`eval.accuracy\\``): text}}.
+    ag-Grid draws only the columns in view: render it in a window wide enough for those a test reads."""
+    parser = _GridRows()
+    parser.feed(_VOID.sub("", dom))
+    return parser.rows

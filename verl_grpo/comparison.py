@@ -155,3 +155,24 @@ def side_by_side(trained: pd.DataFrame, base: pd.DataFrame, warm_start: pd.DataF
     out["flip"] = [("fixed" if a and not b else "broke" if b and not a else "") for b, a in zip(before, after)]
     order = out["flip"].map({"fixed": 0, "broke": 1, "": 2})
     return out.assign(_order=order).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
+def eval_table(report: EvalReport, base: EvalReport, warm_start: EvalReport | None = None) -> list[dict]:
+    """One row per metric: base model, (warm-start model,) trained model and the difference to base (and, with a
+    warm start, GRPO's own difference: trained minus warm start)."""
+    rows = []
+    for name in sorted(set(report.metrics) | set(base.metrics) | set(warm_start.metrics if warm_start else ())):
+        trained, before = report.metrics.get(name), base.metrics.get(name)
+        row = {"metric": name, "base": before}
+        if warm_start is not None:
+            warm = warm_start.metrics.get(name)
+            row |= {"warm_start": warm, "trained": trained, "delta": _delta(trained, before),
+                    "delta_grpo": _delta(trained, warm)}
+        else:
+            row |= {"trained": trained, "delta": _delta(trained, before)}
+        rows.append(row)
+    return rows
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else round(after - before, 6)

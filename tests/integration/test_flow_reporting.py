@@ -6,13 +6,14 @@ from types import SimpleNamespace
 from uuid import uuid4
 
 from verl_grpo import runs
+from verl_grpo.comparison import eval_table
 from verl_grpo.config import load_config
 from verl_grpo.contracts import EvalReport
 from verl_grpo.store import Store
 from verl_grpo.trainers.protocol import TrainProgress
 from verl_grpo_flows.hooks import record_crash
 from verl_grpo_tasks.progress import rewards_markdown
-from verl_grpo_tasks.reporting import eval_table, mlflow_local_note, mlflow_run_url, summary_key
+from verl_grpo_tasks.reporting import mlflow_local_note, mlflow_run_url, summary_key
 
 
 def test_rewards_markdown_keeps_the_latest_rows():

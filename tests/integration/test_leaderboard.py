@@ -4,8 +4,10 @@ view and compare links that the MLflow UI opens (tests/e2e/test_prefect_server.p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from urllib.parse import unquote
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from registry_runs import correct_first, make_env, make_run, register
@@ -31,7 +33,7 @@ def _with_reward(run, reward: float):
     return train, report.model_copy(update={"metrics": {**report.metrics, "mean_score": reward}}), base
 
 
-def test_rows_are_the_registered_runs_newest_first_with_deltas_over_the_champion(env, tiny_model_dir):
+def test_rows_are_the_registered_runs_newest_first_with_deltas_over_the_champion(env, tiny_model_dir, tmp_path):
     cfg, store, dataset = env
     runs = [("weak", 10, 0.2), ("strong", 30, 0.6), ("worse", 5, 0.1)]
     for name, k, reward in runs:
@@ -70,6 +72,10 @@ def test_rows_are_the_registered_runs_newest_first_with_deltas_over_the_champion
     link = unquote(note.split("[Compare with the champion's run](#", 1)[1].split(")", 1)[0])
     assert link == (f'/compare-runs?runs=["{strong.mlflow_run_id}", "{weak.mlflow_run_id}"]'
                     f'&experiments=["{experiment_id}"]')
+    # The single values as one table beside their one-dot charts: the Prefect eval-results table.
+    logged = json.loads(Path(client.download_artifacts(strong.mlflow_run_id, "eval/summary.json", str(tmp_path))).read_text())
+    summary = pd.DataFrame(logged["data"], columns=logged["columns"]).set_index("metric")
+    assert summary.loc["accuracy", ["base", "trained", "delta"]].tolist() == [0.0, 0.75, 0.75]
     assert "Compare with the champion" not in client.get_run(weak.mlflow_run_id).data.tags["mlflow.note.content"]
 
 

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from verl_grpo import runs
 from verl_grpo.chain import Outcome
-from verl_grpo.comparison import EvalTables, MetricChange, compare_to_base, grpo_line, side_by_side
+from verl_grpo.comparison import EvalTables, MetricChange, compare_to_base, eval_table, grpo_line, side_by_side
 from verl_grpo.config import RunConfig
 from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCost, TrainResult
 from verl_grpo.evaluate.models import resolve_model_dir
@@ -61,6 +61,8 @@ RUN_NOTE_TAG = "mlflow.note.content"
 EVAL_ARTIFACT_DIR = "eval"
 TRAIN_SAMPLES_ARTIFACT = "train/samples.json"
 """The run's training samples (samples.jsonl, every sampled step) as a table MLflow's UI renders."""
+EVAL_SUMMARY_ARTIFACT = "eval/summary.json"
+"""Each eval metric of base, (warm start,) trained and their differences: the Prefect `eval-results` table."""
 SETTINGS_TAG, SPLIT_TAG = "eval.settings_key", "eval.split"
 FINAL_STEP_METRIC = tracking.value_name("train", "final_step")
 VERSION_TAGS = (tracking.RUN_ID_TAG, MODEL_URI_TAG, "dataset.hash", BASE_MODEL_TAG, "config.digest",
@@ -275,6 +277,8 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, outcome: Outcome, s
             store.fs.get_file(strip_scheme(rep.table_uri), str(evals / f"{prefix}{rep.split}.parquet"))
             (evals / f"{prefix}{rep.split}.json").write_text(rep.model_dump_json(indent=2))
         client.log_artifacts(mlflow_run_id, str(root))
+    if base_report is not None:  # the run's single values as one table, beside their one-dot charts
+        client.log_table(mlflow_run_id, pd.DataFrame(eval_table(report, base_report, warm)), EVAL_SUMMARY_ARTIFACT)
     if base_report is not None:  # a table MLflow's UI renders (parquet it cannot preview): problems that flipped first
         table = side_by_side(tables.of(report), tables.of(base_report), tables.of(warm) if warm is not None else None)
         client.log_table(mlflow_run_id, table, f"{EVAL_ARTIFACT_DIR}/{report.split}-side_by_side.json")
