@@ -143,7 +143,7 @@ def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples, mlfl
     assert all(drawn.column("prompt")) and all(drawn.column("response"))
     [drawn] = browser.tables(browser.rendered_dom(f"{mlflow_run}/artifacts/eval/test-side_by_side.json"))
     assert {"base_response", "trained_response", "base_correct", "trained_correct"} <= set(drawn.headers)
-    assert drawn.rows and all(drawn.column("prompt"))
+    assert drawn.headers[0] == "question" and drawn.rows and all(drawn.column("question"))
     # The Model metrics tab opens on the training curves; the single values (eval, p-values) follow as bars.
     sections = browser.chart_sections(browser.rendered_dom(f"{mlflow_run}/model-metrics"))
     assert sections[0][0] == "train" and all(name.startswith("train") for name, _ in sections[:-1]), sections
