@@ -53,7 +53,7 @@ def accuracy_vs_base(report: EvalReport, base: EvalReport | None, out: Path,
     ax.set_xticks(list(xs), names)
     ax.set_ylim(0, 1.05)
     ax.set_title(f"{report.split} (n={report.n}): " + " vs ".join(label for label, _ in reversed(models)))
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(models), frameon=False)  # off the bars
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, out)
 
