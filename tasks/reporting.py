@@ -15,15 +15,16 @@ from verl_grpo.models import model_short_name
 from verl_grpo.registry.leaderboard import leaderboard_markdown, leaderboard_route, read_leaderboard
 from verl_grpo.registry.tracking import TRAINING_VIEW, read_lines
 from verl_grpo.reward_curve import reward_curve
+from verl_grpo.samples_markdown import full_text_line, samples_markdown
 from verl_grpo.store import Store
-from verl_grpo.store_layout import run_reward_curve
+from verl_grpo.store_layout import run_reward_curve, run_samples
 from verl_grpo.summary import curve_lines, mlflow_ui_command, outcome_lines, summary_dict, summary_markdown
-from verl_grpo.trainers.worker.samples import latest_rows, stored_samples
+from verl_grpo.trainers.worker.samples import stored_samples
 
 MLFLOW_UI_ENV, MLFLOW_UI_STORE_ENV = "VERL_GRPO_MLFLOW_UI", "VERL_GRPO_MLFLOW_UI_STORE"
 """URL of an MLflow UI and the local tracking store it serves (`make serve` sets both), for links from Prefect."""
 SAMPLES_KEY = "training-samples"
-"""The flow run's table artifact of the last sampled training step's rollouts."""
+"""The flow run's markdown artifact of the last sampled training step's rollouts, grouped by prompt."""
 
 
 def run_tags(cfg: RunConfig) -> list[str]:
@@ -81,10 +82,10 @@ def publish_summary(outcome: Outcome) -> dict:
     create_table_artifact(eval_table(report, base, warm), key="eval-results",
                           description=f"{run_id}: {report.split} n={report.n}, base vs "
                                       f"{'warm start vs ' if warm else ''}trained")
-    if samples := latest_rows(stored_samples(store, run_id)):
-        create_table_artifact(samples, key=SAMPLES_KEY,
-                              description=f"{run_id}: rollouts of training step {samples[0]['step']}, the last "
-                                          "sampled step (every sampled step: the MLflow run's train/samples.json)")
+    if records := stored_samples(store, run_id):
+        create_markdown_artifact(samples_page(store, run_id, records[-1], url), key=SAMPLES_KEY,
+                                 description=f"{run_id}: rollouts of training step {records[-1]['step']}, the last "
+                                             "sampled step (every sampled step: the MLflow run's train/samples.json)")
     publish_leaderboard(cfg)
     if url:
         create_link_artifact(url, link_text=f"MLflow run {version.mlflow_run_id}", key="mlflow-run")
@@ -96,6 +97,13 @@ def publish_summary(outcome: Outcome) -> dict:
     create_link_artifact(result.model_uri, link_text="final model", key="model",
                          description=f"{run_id}: final Hugging Face model dir")
     return summary
+
+
+def samples_page(store: Store, run_id: str, record: dict, mlflow_url: str | None) -> str:
+    """The `training-samples` markdown of one samples.jsonl record, naming where the uncut text is."""
+    rel = run_samples(run_id)
+    location = store.path(rel) if store.is_local else store.url(rel)
+    return samples_markdown(record, run_id, full_text_line(mlflow_url, location))
 
 
 def summary_key(board: str) -> str:

@@ -13,6 +13,7 @@ import pandas as pd
 from scipy.stats import wilcoxon
 
 from verl_grpo.contracts import EvalReport
+from verl_grpo.formats import question_of
 from verl_grpo.stats import mcnemar_exact
 from verl_grpo.store import Store, strip_scheme
 
@@ -143,9 +144,14 @@ def read_table(store: Store, uri: str) -> pd.DataFrame:
 
 
 def side_by_side(trained: pd.DataFrame, base: pd.DataFrame, warm_start: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per problem: the problem, then each model's response and verdict (base, warm start, trained), and
-    `flip`: "fixed" (base wrong, trained right), "broke" (the other way) or "" — flipped problems first."""
+    """One row per problem: the question (the user's turn of the prompt: the system prompt and chat template, alike
+    in every row, would fill the cell and push the responses off to the right; the whole prompt stays in the eval's
+    parquet table), the ground truth, then each model's response and verdict (base, warm start, trained), scores
+    rounded to 3 decimals, `flip`: "fixed" (base wrong, trained right), "broke" (the other way) or "", and the
+    problem's id last; flipped problems first."""
     out = trained[["id", *(c for c in ("prompt", "ground_truth") if c in trained)]].copy()
+    if "prompt" in out:
+        out.insert(0, "question", out.pop("prompt").map(question_of))
     for label, table in (("base", base), ("warm_start", warm_start), ("trained", trained)):
         if table is None:
             continue
@@ -153,6 +159,9 @@ def side_by_side(trained: pd.DataFrame, base: pd.DataFrame, warm_start: pd.DataF
         out = out.merge(table[["id", *cols]].rename(columns={c: f"{label}_{c}" for c in cols}), on="id", how="left")
     before, after = out["base_correct"].fillna(False).astype(bool), out["trained_correct"].fillna(False).astype(bool)
     out["flip"] = [("fixed" if a and not b else "broke" if b and not a else "") for b, a in zip(before, after)]
+    out = out[[c for c in out.columns if c != "id"] + ["id"]]
+    scores = [c for c in out.columns if c.endswith("_score")]
+    out[scores] = out[scores].astype(float).round(3)
     order = out["flip"].map({"fixed": 0, "broke": 1, "": 2})
     return out.assign(_order=order).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
 

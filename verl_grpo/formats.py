@@ -39,3 +39,24 @@ in GSM8K's, and the tiny model stays the one the tests were tuned on."""
 
 def default_system_prompt(dataset: str) -> str:
     return SYSTEM_PROMPTS[dataset] if dataset in SYSTEM_PROMPTS else OWN_TASK_SYSTEM_PROMPT
+
+
+_USER_TURNS = (
+    ("<|im_start|>user", "<|im_end|>"),  # ChatML (Qwen, the tiny model)
+    ("<|start_header_id|>user<|end_header_id|>", "<|eot_id|>"),  # Llama 3
+    ("<start_of_turn>user", "<end_of_turn>"),  # Gemma
+)
+
+
+def question_of(prompt: str) -> str:
+    """The question a rendered chat prompt asks: its last user turn's text, without the system prompt and the
+    template's markers, so a table or a page leads with it; a plain prompt (no known template) comes back as is,
+    stripped. A prompt cut before its user turn ends keeps what is there."""
+    for open_tag, close_tag in _USER_TURNS:
+        start = prompt.rfind(open_tag)
+        if start < 0:
+            continue
+        body = prompt[start + len(open_tag):]
+        end = body.find(close_tag)
+        return (body if end < 0 else body[:end]).strip()
+    return prompt.strip()

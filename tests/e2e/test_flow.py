@@ -83,7 +83,7 @@ def test_flow_end_to_end_with_its_eval_in_two_shards_on_threads(prefect_harness,
     # The eval side by side, as a table MLflow's UI renders: each model's real response per problem.
     side = json.loads(Path(client.download_artifacts(mlflow_run.info.run_id, "eval/test-side_by_side.json",
                                                      str(tmp_path))).read_text())
-    assert {"prompt", "base_response", "warm_start_response", "trained_response", "flip"} <= set(side["columns"])
+    assert {"question", "base_response", "warm_start_response", "trained_response", "flip"} <= set(side["columns"])
     assert len(side["data"]) == int(summary["eval_split"].split("n=")[1].rstrip(")"))  # one row per eval problem
     # What the model wrote while it trained: every step's first group, as a table MLflow's UI renders.
     samples = json.loads(Path(client.download_artifacts(mlflow_run.info.run_id, "train/samples.json",

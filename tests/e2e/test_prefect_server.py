@@ -19,6 +19,7 @@ from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 from prefect_serving import REPO, pid_alive, served_prefect
+from samples_view import sample_blocks
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -89,8 +90,10 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
     assert run_id in summary and "config_digest" in summary and "decision" in summary
     assert float(by_key["training-progress"].data) == pytest.approx(100.0)
     assert "| 4/4 |" in by_key["training-rewards"].data
-    samples = json.loads(by_key["training-samples"].data)  # the last sampled step's rollouts, readable
-    assert {r["step"] for r in samples} == {4} and all(r["prompt"] and "reward" in r for r in samples)
+    samples = by_key["training-samples"]  # the last sampled step's rollouts, a page grouped by prompt
+    assert samples.type == "markdown" and samples.data.startswith("# Rollouts of training step 4\n")
+    assert "## Prompt 1 of " in samples.data and "**Response 1** · reward " in samples.data
+    assert "<|im_start|>" not in samples.data and "train/samples.json" in samples.data
     table = json.loads(by_key["eval-results"].data)
     assert "accuracy" in {row["metric"] for row in table}
     assert by_key["checkpoint"].type == "markdown" and "global_step_4" in by_key["checkpoint"].data
@@ -119,14 +122,17 @@ def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
                                  got.json()["run"]["data"])
 
 
-def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples: list[dict], mlflow_run: str,
+def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples, mlflow_run: str,
                                  run_data: dict) -> None:
     """What a person opening `make serve`'s two UIs in a browser sees of the run (headless Chromium, the rendered
     DOM): the flow run's artifacts and the MLflow run's tables filled, and the training curves leading."""
-    [drawn] = browser.tables(browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['training-samples'].id}"))
-    assert {"step", "prompt", "response", "reward", "advantage"} <= set(drawn.headers), drawn.headers
-    assert drawn.column("step") == [str(r["step"]) for r in samples]
-    assert all(drawn.column("prompt")) and all(drawn.column("response"))
+    page = browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['training-samples'].id}")
+    # each group: its numbers as a table, then the question and every response as a code block, text as written
+    groups = browser.tables(page)
+    assert groups and all(t.headers[:3] == ["response", "reward", "advantage"] for t in groups), groups
+    responses = sum(len(t.rows) for t in groups)
+    assert len(sample_blocks(page)) == len(groups) + responses  # a question per group, then its responses
+    assert samples.data.count("**Response ") == responses
     [drawn] = browser.tables(browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['eval-results'].id}"))
     assert "accuracy" in drawn.column("metric")
     summary = browser.rendered_dom(f"{prefect_ui}/artifacts/artifact/{artifacts['run-summary-gsm8k'].id}")
@@ -137,7 +143,7 @@ def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples: list
     assert all(drawn.column("prompt")) and all(drawn.column("response"))
     [drawn] = browser.tables(browser.rendered_dom(f"{mlflow_run}/artifacts/eval/test-side_by_side.json"))
     assert {"base_response", "trained_response", "base_correct", "trained_correct"} <= set(drawn.headers)
-    assert drawn.rows and all(drawn.column("prompt"))
+    assert drawn.headers[0] == "question" and drawn.rows and all(drawn.column("question"))
     # The Model metrics tab opens on the training curves; the single values (eval, p-values) follow as bars.
     sections = browser.chart_sections(browser.rendered_dom(f"{mlflow_run}/model-metrics"))
     assert sections[0][0] == "train" and all(name.startswith("train") for name, _ in sections[:-1]), sections

@@ -109,18 +109,22 @@ def test_a_run_without_warm_start_keeps_two_columns(three, capsys):
 
 def test_side_by_side_puts_each_models_response_beside_the_others_and_flipped_problems_first():
     def table(responses, correct):
-        return pd.DataFrame({"id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "ground_truth": ["1", "2", "3"],
-                             "response": responses, "correct": correct, "score": [float(c) for c in correct]})
+        prompts = [f"<|im_start|>system\nBe careful.<|im_end|>\n<|im_start|>user\nq{i}<|im_end|>\n" for i in "abc"]
+        return pd.DataFrame({"id": ["a", "b", "c"], "prompt": prompts, "ground_truth": ["1", "2", "3"],
+                             "response": responses, "correct": correct,
+                             "score": [float(c) + 0.4000000096857548 for c in correct]})
 
     base = table(["b-a", "b-b", "b-c"], [True, False, False])
     warm = table(["w-a", "w-b", "w-c"], [True, True, False])
     trained = table(["t-a", "t-b", "t-c"], [False, True, False])
     rows = side_by_side(trained, base, warm).to_dict("records")
     assert [(r["id"], r["flip"]) for r in rows] == [("b", "fixed"), ("a", "broke"), ("c", "")]
-    assert rows[0] == {"id": "b", "prompt": "pb", "ground_truth": "2", "base_response": "b-b", "base_correct": False,
-                       "base_score": 0.0, "warm_start_response": "w-b", "warm_start_correct": True,
-                       "warm_start_score": 1.0, "trained_response": "t-b", "trained_correct": True,
-                       "trained_score": 1.0, "flip": "fixed"}
+    # the question leads (not the chat template), scores to 3 decimals, the id last
+    assert list(rows[0].items()) == [
+        ("question", "qb"), ("ground_truth", "2"), ("base_response", "b-b"), ("base_correct", False),
+        ("base_score", 0.4), ("warm_start_response", "w-b"), ("warm_start_correct", True), ("warm_start_score", 1.4),
+        ("trained_response", "t-b"), ("trained_correct", True), ("trained_score", 1.4), ("flip", "fixed"),
+        ("id", "b")]
     assert "warm_start_response" not in side_by_side(trained, base).columns
 
 

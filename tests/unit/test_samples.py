@@ -1,5 +1,5 @@
 """Training samples: which steps keep them, how they are picked and cut, how they travel with checkpoints and
-reach the store, and the flat rows the MLflow table and the Prefect artifact show."""
+reach the store, and the flat rows the MLflow table shows."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from verl_grpo.trainers.worker.samples import (
     Sample,
     first_groups,
     group_advantages,
-    latest_rows,
     sample_rows,
     sampled_step,
     stored_samples,
@@ -76,8 +75,6 @@ def test_rows_are_flat_with_a_column_per_reward_component():
     assert [r["step"] for r in rows] == [2, 4, 4]
     assert rows[0]["reward/correctness"] == 1.0 and "components" not in rows[0]
     assert rows[1]["reward/format"] == 1.0 and rows[1]["prompt"] == "What is 2+3?"
-    assert latest_rows(records) == rows[1:]
-    assert latest_rows([]) == []
 
 
 def test_worker_logs_travel_inside_a_checkpoint_and_come_back_up_to_its_step(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -13,6 +14,10 @@ log = logging.getLogger(__name__)
 
 LineSink = Callable[[str], None]
 """Where a job's log lines go, one call per line."""
+
+_PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|\s*[\d.]+[kMG]?/[\d.?]+[kMG]?"  # 40%|████      | 4/10
+                           r"|\[\d+:\d+(?::\d+)?(?:<[^,\]]*)?,\s*[^\]]*(?:/s|s/\w+)\]")  # [00:01<00:02, 3.1it/s]
+"""A tqdm bar: `Map:  40%|████      | 4/10 [00:01<00:02, 3.1 examples/s]`, or one without a total (`[00:01, 3it/s]`)."""
 
 
 class Provider(Protocol):
@@ -46,13 +51,23 @@ class Provider(Protocol):
         """What the run's jobs cost on this provider, from their timelines; None where nothing is billed."""
 
 
+def readable_line(line: str) -> str | None:
+    """A job's log line as a reader of the run's log wants it; None for a blank line or a progress bar. A bar
+    redraws itself with carriage returns, which a log read with universal newlines splits into one line per redraw
+    (and a blank one before the first): a run's log would open with screens of them."""
+    line = line.rstrip().rsplit("\r", 1)[-1]
+    return None if not line.strip() or _PROGRESS_BAR.search(line) else line
+
+
 def follow_job(provider: Provider, job: Job, on_line: LineSink | None = None) -> JobState:
-    """Stream a job's log to on_line (default: this module's logger) until it ends, then its final state; the job
-    is cancelled if following it fails or is interrupted (a retry then starts or reattaches to a clean one)."""
+    """Stream a job's log to on_line (default: this module's logger) until it ends, then its final state; blank
+    lines and progress bars are left out (`readable_line`; the job's own log file keeps them). The job is cancelled
+    if following it fails or is interrupted (a retry then starts or reattaches to a clean one)."""
     sink = on_line or log.info
     try:
         for line in provider.logs(job, follow=True):
-            sink(line)
+            if (shown := readable_line(line)) is not None:
+                sink(shown)
     except BaseException:
         provider.cancel(job)
         raise

@@ -1,4 +1,5 @@
-"""PNG charts logged with each MLflow run: the reward curve and eval accuracy against the base model."""
+"""PNG charts logged with each MLflow run: the reward curve and eval accuracy against the base (and warm-start)
+model."""
 
 from __future__ import annotations
 
@@ -36,20 +37,23 @@ def reward_curve(metrics_lines: Iterable[str], out: Path) -> Path | None:
     return _save(fig, out)
 
 
-def accuracy_vs_base(report: EvalReport, base: EvalReport | None, out: Path) -> Path:
-    """Grouped bars of accuracy, format rate and mean score: base model vs trained model on the same split."""
+def accuracy_vs_base(report: EvalReport, base: EvalReport | None, out: Path,
+                     warm_start: EvalReport | None = None) -> Path:
+    """Grouped bars of accuracy, format rate and mean score on the same split: base model, warm-start model (a run
+    with an SFT phase before GRPO: what it gained is not GRPO's) and trained model."""
     names = [n for n in _COMPARED if n in report.metrics]
+    models = [(label, rep) for label, rep in (("base", base), ("warm start", warm_start), ("trained", report))
+              if rep is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
-    width = 0.38
+    width = 0.8 / len(models)
     xs = range(len(names))
-    if base is not None:
-        ax.bar([x - width / 2 for x in xs], [base.metrics.get(n, 0.0) for n in names], width, label="base")
-    ax.bar([x + (width / 2 if base is not None else 0) for x in xs], [report.metrics[n] for n in names], width,
-           label="trained")
+    for i, (label, rep) in enumerate(models):
+        offset = (i - (len(models) - 1) / 2) * width
+        ax.bar([x + offset for x in xs], [rep.metrics.get(n, 0.0) for n in names], width, label=label)
     ax.set_xticks(list(xs), names)
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"{report.split} (n={report.n}): trained vs base")
-    ax.legend()
+    ax.set_title(f"{report.split} (n={report.n}): " + " vs ".join(label for label, _ in reversed(models)))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(models), frameon=False)  # off the bars
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, out)
 

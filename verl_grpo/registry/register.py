@@ -262,7 +262,7 @@ def _log_artifacts(client: MlflowClient, mlflow_run_id: str, outcome: Outcome, s
             store.put_file(png, run_reward_curve(run_id))
         if curve := reward_curve(lines):
             (root / "reward_curve.md").write_text(curve_markdown(curve) + "\n")
-        plots.accuracy_vs_base(report, base_report, root / "plots" / "accuracy_vs_base.png")
+        plots.accuracy_vs_base(report, base_report, root / "plots" / "accuracy_vs_base.png", warm)
         config_rel = run_config(run_id)
         (root / "config.yaml").write_text(store.read_text(config_rel) if store.exists(config_rel) else cfg.to_yaml())
         manifest = f"{strip_scheme(dataset.uri).rstrip('/')}/{DATASET_MANIFEST}"

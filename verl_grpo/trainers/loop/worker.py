@@ -11,8 +11,10 @@ import sys
 
 from verl_grpo.privacy import apply_quiet_env
 from verl_grpo.trainers.lean_imports import skip_unused_integrations
+from verl_grpo.trainers.worker.quiet import no_progress_bars
 
 apply_quiet_env()
+no_progress_bars()
 skip_unused_integrations()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

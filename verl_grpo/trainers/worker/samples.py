@@ -1,6 +1,6 @@
 """What the model wrote while training: a few rollouts of every `trainer.log_samples_every`-th step, in the run's
 `samples.jsonl` (one `{"step": N, "samples": [...]}` line per sampled step, kept like metrics.jsonl), and the flat
-rows the MLflow table and the Prefect artifact show."""
+rows of the MLflow table (the Prefect page of the last sampled step: verl_grpo/samples_markdown.py)."""
 
 from __future__ import annotations
 
@@ -92,11 +92,6 @@ def stored_samples(store: Store, run_id: str) -> list[dict[str, Any]]:
     """The run's samples.jsonl records from the store, in step order ([] when the run kept none)."""
     rel = run_samples(run_id)
     return step_records(store.read_text(rel)) if store.exists(rel) else []
-
-
-def latest_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of the last sampled step."""
-    return sample_rows(records[-1:]) if records else []
 
 
 def _cut(text: str) -> str:
