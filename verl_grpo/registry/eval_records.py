@@ -24,7 +24,6 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -195,7 +194,3 @@ def _missing(value: Any) -> bool:
 def _quoted(value: str) -> str:
     return value.replace("'", "\\'")
 
-
-def rows_key(inputs: Iterable[dict]) -> list[str]:
-    """The request previews MLflow's UI pairs rows on, for inputs as `request_of` builds them."""
-    return [json.dumps(i, ensure_ascii=False)[:_PREVIEW_CHARS] for i in inputs]
