@@ -13,8 +13,10 @@ from verl_grpo.registry import tracking
 from verl_grpo.registry.eval_records import (
     CORRECT,
     EXPECTATION,
+    FLIP_TAG,
     SCORE,
     evaluation_compare_url,
+    flips_first,
     log_eval_records,
     question_of,
 )
@@ -121,3 +123,24 @@ def test_a_table_without_prompt_or_response_still_logs_its_verdicts(mlflow_env):
     assert log_eval_records(client, exp, run, table, "test") == 1
     info = _traces(client, exp, run)[0]
     assert {a.name: a.value for a in client.get_trace(info.trace_id).info.assessments}[CORRECT] is True
+
+
+def test_flipped_verdicts_come_first_fixed_then_broke():
+    table = pd.DataFrame({"id": ["a", "b", "c", "d", "e"], "correct": [True, False, True, False, True]})
+    base = pd.DataFrame({"id": ["a", "b", "c", "d"], "correct": [True, True, False, False]})
+    out = flips_first(table, base)
+    assert list(out["id"]) == ["c", "b", "a", "d", "e"]
+    assert list(out["flip"]) == ["fixed", "broke", "", "", ""]  # e: no base verdict, no flip
+    assert list(flips_first(table, None)["id"]) == list(table["id"])
+
+
+def test_the_ui_order_puts_flips_first_and_tags_them(mlflow_env):
+    client, exp = mlflow_env
+    run = tracking.find_or_create_run(client, exp, "night-1", {})
+    base = pd.DataFrame({"id": ["test/0", "test/1", "test/2"], "correct": [True, True, False]})
+    log_eval_records(client, exp, run, _table(["3", "5", "7"], ["3", "4", "7"]), "test", base=base)
+    store = TracingClient(client.tracking_uri).store
+    infos, _ = store.search_traces(locations=[exp], max_results=10, order_by=["timestamp_ms DESC"])
+    ids = [i.trace_metadata["verl_grpo.problem_id"] for i in infos]
+    assert ids == ["test/2", "test/1", "test/0"]  # newest first, as the UI lists them
+    assert [i.tags.get(FLIP_TAG) for i in infos] == ["fixed", "broke", None]

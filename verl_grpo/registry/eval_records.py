@@ -7,6 +7,9 @@ the two runs' rows on the trace's request preview (`request_preview`, the JSON o
 trace's inputs are exactly `{"question": ..., "problem_id": ...}`: the question is what a row shows first, and two
 runs evaluated on the same problem get the same request and line up.
 
+The UI lists a run's traces newest first, so the rows are written in reverse order of `flips_first`: the problems
+whose verdict flipped against the base model (fixed, then broke) lead, tagged `verl_grpo.flip_vs_base`.
+
 Each trace has one root span (inputs: the question, outputs: the model's response), an expectation
 (`expected_response`, the ground truth) and two feedbacks from code (`correct`, a bool, and `score`).
 
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 TRACE_NAME = "held_out_eval"
 PROBLEM_ID_KEY, SPLIT_KEY = "verl_grpo.problem_id", "verl_grpo.eval_split"
 """Trace metadata: which problem of which split a trace records (what a retry checks before logging)."""
+FLIP_TAG = "verl_grpo.flip_vs_base"
+"""Trace tag of a problem whose verdict flipped against the base model: `fixed` or `broke`."""
 QUESTION, PROBLEM_ID = "question", "problem_id"
 """The keys of a trace's inputs, in this order: the question first (the row's text), then the problem id."""
 EXPECTATION, CORRECT, SCORE = "expected_response", "correct", "score"
@@ -99,13 +104,29 @@ def recorded_problems(client: MlflowClient, experiment_id: str, mlflow_run_id: s
             return found - {""}
 
 
+def flips_first(table: pd.DataFrame, base: pd.DataFrame | None) -> pd.DataFrame:
+    """`table` with a `flip` column against the base model's table of the same problems ("fixed": base wrong, this
+    model right; "broke": the other way; "" otherwise or without a base), flipped problems first, else in order."""
+    out = table.copy()
+    if base is None or "correct" not in table or "correct" not in base:
+        return out.assign(flip="")
+    before = out["id"].map(base.drop_duplicates("id").set_index("id")["correct"])
+    now = out["correct"].fillna(False).astype(bool)
+    known, was = before.notna(), before.fillna(False).astype(bool)
+    out["flip"] = ["fixed" if k and n and not w else "broke" if k and w and not n else ""
+                   for k, n, w in zip(known, now, was)]
+    order = out["flip"].map({"fixed": 0, "broke": 1, "": 2})
+    return out.assign(_order=order).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
 def log_eval_records(client: MlflowClient, experiment_id: str, mlflow_run_id: str, table: pd.DataFrame,
-                     split: str) -> int:
+                     split: str, base: pd.DataFrame | None = None) -> int:
     """One trace per row of an eval table (columns id, prompt, response, ground_truth, correct, score) in the run's
-    experiment, linked to MLflow run `mlflow_run_id`; rows recorded before are skipped. Returns how many traces it
-    logged."""
+    experiment, linked to MLflow run `mlflow_run_id`; rows recorded before are skipped. With the base model's table
+    `base`, the problems whose verdict flipped against it come first in the UI (fixed, then broke) and carry the
+    trace tag `verl_grpo.flip_vs_base`. Returns how many traces it logged."""
     done = recorded_problems(client, experiment_id, mlflow_run_id, split)
-    rows = [row for row in table.to_dict("records") if str(row["id"]) not in done]
+    rows = [row for row in flips_first(table, base).to_dict("records") if str(row["id"]) not in done]
     if not rows:
         return 0
     tracing = TracingClient(client.tracking_uri)
@@ -117,7 +138,7 @@ def log_eval_records(client: MlflowClient, experiment_id: str, mlflow_run_id: st
     for n, row in enumerate(rows):
         problem_id = str(row["id"])
         ids.next_trace_id = _trace_number(mlflow_run_id, split, problem_id)
-        start_ns = now_ns - (n + 1) * 1_000_000  # newest first in the UI: the table's order
+        start_ns = now_ns - (n + 1) * 1_000_000  # the UI lists the newest first: the rows in flips_first's order
         info, span = _trace(tracer, experiment_id, mlflow_run_id, split, row, problem_id, start_ns)
         tracing.start_trace(info)
         spans.append(span)
@@ -157,7 +178,8 @@ def _trace(tracer, experiment_id: str, mlflow_run_id: str, split: str, row: dict
         response_preview=json.dumps(response, ensure_ascii=False)[:_PREVIEW_CHARS],
         client_request_id=f"{split}/{problem_id}",
         trace_metadata={TraceMetadataKey.SOURCE_RUN: mlflow_run_id, PROBLEM_ID_KEY: problem_id, SPLIT_KEY: split},
-        tags={TraceTagKey.TRACE_NAME: TRACE_NAME}, assessments=assessments)
+        tags={TraceTagKey.TRACE_NAME: TRACE_NAME, **({FLIP_TAG: row["flip"]} if row.get("flip") else {})},
+        assessments=assessments)
     return info, span
 
 

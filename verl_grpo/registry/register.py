@@ -118,7 +118,8 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
     tracking.log_metrics(client, mlflow_run_id, metrics, step=train.final_step, model_id=model.model_id)
     _log_artifacts(client, mlflow_run_id, outcome, store, tables)
     # The held-out rows as evaluation traces: MLflow's run page lists them and compares two runs row by row.
-    log_eval_records(client, exp_id, mlflow_run_id, tables.of(report), report.split)
+    log_eval_records(client, exp_id, mlflow_run_id, tables.of(report), report.split,
+                     tables.of(base_report) if base_report is not None else None)
     if cloud_cost is not None:
         tracking.log_metrics(client, mlflow_run_id, cloud_cost_metrics(cloud_cost), step=train.final_step)
         tracking.log_params(client, mlflow_run_id, {"cloud.pricing": cloud_cost.pricing,
