@@ -97,6 +97,9 @@ def test_retry_reuses_run_and_version(env, tiny_model_dir):
     run = client.get_run(first.mlflow_run_id)
     assert len(run.inputs.dataset_inputs) == 1 and len(run.outputs.model_outputs) == 1
     assert len(client.search_logged_models([run.info.experiment_id])) == 1
+    traces = client.search_traces(locations=[run.info.experiment_id], run_id=first.mlflow_run_id, max_results=200,
+                                  include_spans=False)
+    assert len(traces) == N  # the held-out rows as evaluation traces, once each
 
 
 def test_champion_moves_only_for_a_significantly_better_challenger(env, tiny_model_dir):
