@@ -7,7 +7,7 @@ the two runs' rows on the trace's request preview (`request_preview`, the JSON o
 trace's inputs are exactly `{"question": ..., "problem_id": ...}`: the question is what a row shows first, and two
 runs evaluated on the same problem get the same request and line up.
 
-The UI lists a run's traces newest first, so the rows are written in reverse order of `flips_first`: the problems
+The UI lists a run's traces newest first, so rows get falling start times in `flips_first`'s order: the problems
 whose verdict flipped against the base model (fixed, then broke) lead, tagged `verl_grpo.flip_vs_base`.
 
 Each trace has one root span (inputs: the question, outputs: the model's response), an expectation
