@@ -22,6 +22,7 @@ from verl_grpo.contracts import DatasetVersion, EvalReport, ModelVersion, RunCos
 from verl_grpo.evaluate.models import resolve_model_dir
 from verl_grpo.mirrors import RunMetrics
 from verl_grpo.registry import plots, tracking
+from verl_grpo.registry.eval_records import log_eval_records
 from verl_grpo.registry.leaderboard import (
     COMPARED_TO_TAG,
     DECISION_TAG,
@@ -125,6 +126,9 @@ def _register(outcome: Outcome, tags: Mapping[str, str], champion_report: EvalRe
         metrics.update(without_tools_metrics(plain, compare_to_base(report, plain, tables)))
     tracking.log_metrics(client, mlflow_run_id, metrics, step=train.final_step, model_id=model.model_id)
     _log_artifacts(client, mlflow_run_id, outcome, store, tables)
+    # The held-out rows as evaluation traces: MLflow's run page lists them and compares two runs row by row.
+    log_eval_records(client, exp_id, mlflow_run_id, tables.of(report), report.split,
+                     tables.of(base_report) if base_report is not None else None)
     if cloud_cost is not None:
         tracking.log_metrics(client, mlflow_run_id, cloud_cost_metrics(cloud_cost), step=train.final_step)
         tracking.log_params(client, mlflow_run_id, {"cloud.pricing": cloud_cost.pricing,
