@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from typing import Any
 from urllib.parse import quote
@@ -44,6 +43,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
+from verl_grpo import formats
+
 log = logging.getLogger(__name__)
 
 TRACE_NAME = "held_out_eval"
@@ -58,23 +59,16 @@ SOURCE_ID = "verl-grpo"
 _PREVIEW_CHARS = 1000
 """The request/response preview MLflow stores (and the UI matches rows on) is cut at this length."""
 
-_CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n?(.*?)(?:<\|im_end\|>|$)", re.S)
-_LLAMA_TURN = re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\s*(.*?)(?:<\|eot_id\|>|$)", re.S)
 
 
 def question_of(prompt: Any) -> str:
-    """The user's question in a prompt: the last user turn of a ChatML (`<|im_start|>user ...<|im_end|>`) or
-    Llama-3 templated prompt, the last user message of a chat message list, else the prompt itself, stripped."""
+    """The user's question in a prompt: the last user message of a chat message list, else the templated prompt's
+    last user turn (verl_grpo.formats.question_of), else the prompt itself, stripped."""
     if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):
         messages = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
         users = [m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         return str(users[-1]).strip() if users else ""
-    text = "" if prompt is None else str(prompt)
-    for turn in (_CHATML_TURN, _LLAMA_TURN):
-        users = [body for role, body in turn.findall(text) if role == "user"]
-        if users:
-            return users[-1].strip()
-    return text.strip()
+    return formats.question_of("" if prompt is None else str(prompt))
 
 
 def evaluation_compare_url(ui_base: str, experiment_id: str, run_a: str, run_b: str) -> str:
