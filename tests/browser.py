@@ -18,7 +18,8 @@ import pytest
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--window-size=1600,1300"]
+         "--disable-default-apps"]
+WINDOW = (1600, 1300)
 RENDER_BUDGET_MS = 20_000
 """Virtual time a page gets to fetch its data and draw (Chromium ends earlier once the page is idle)."""
 
@@ -30,22 +31,22 @@ def chromium() -> str:
     return path
 
 
-def _chromium(url: str, *args: str, timeout_s: float = 120) -> str:
+def _chromium(url: str, *args: str, window: tuple[int, int] = WINDOW, timeout_s: float = 120) -> str:
     with tempfile.TemporaryDirectory(prefix="verl-grpo-chromium-") as profile:
-        done = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}",
+        done = subprocess.run([chromium(), *FLAGS, f"--window-size={window[0]},{window[1]}", f"--user-data-dir={profile}",
                                f"--virtual-time-budget={RENDER_BUDGET_MS}", *args, url],
                               capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, f"chromium failed on {url}: {done.stderr[-2000:]}"
     return done.stdout
 
 
-def rendered_dom(url: str) -> str:
-    """The page's DOM once its scripts have run (`--dump-dom`)."""
-    return _chromium(url, "--dump-dom")
+def rendered_dom(url: str, window: tuple[int, int] = WINDOW) -> str:
+    """The page's DOM once its scripts have run (`--dump-dom`), drawn in a window of `window` pixels."""
+    return _chromium(url, "--dump-dom", window=window)
 
 
-def screenshot(url: str, path: Path) -> Path:
-    _chromium(url, f"--screenshot={path}")
+def screenshot(url: str, path: Path, window: tuple[int, int] = WINDOW) -> Path:
+    _chromium(url, f"--screenshot={path}", window=window)
     assert path.is_file() and path.stat().st_size > 0, f"no screenshot of {url}"
     return path
 

@@ -4,22 +4,33 @@ its trainer process must be gone, and `make stop` leaves no process behind."""
 
 from __future__ import annotations
 
+import html
 import json
+import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import browser
 import httpx
 import pytest
+from eval_view import comparison_rows
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 from prefect_serving import REPO, pid_alive, served_prefect
-from samples_view import sample_blocks
+from samples_view import readable_responses, sample_blocks
+
+from verl_grpo.registry import leaderboard
+from verl_grpo.registry.eval_records import evaluation_compare_url
+from verl_grpo.samples_markdown import full_text_line, samples_markdown
+from verl_grpo_tasks.reporting import SAMPLES_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -62,11 +73,31 @@ def test_deployments_have_nightly_schedule_and_pull_from_this_clone(served):
             assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
 
 
-def test_deployment_run_completes_with_artifacts(served, tiny_overrides):
-    """Tracking in the state dir's default store, which the MLflow UI of `make serve` serves."""
-    overrides = [o for o in _steps(tiny_overrides, 4) if not o.startswith("tracking.")]
-    flow_run = run_deployment("verl-grpo/gsm8k", parameters={"overrides": overrides},
-                              timeout=RUN_TIMEOUT_S)
+@dataclass
+class Nights:
+    first: FlowRun
+    """A production night: the tiny model's directory, a base model of the production line as any model directory
+    is (the stand-in for a SmolLM2 night, which CI cannot afford), 4 steps."""
+    second: FlowRun
+    """The next production night, 2 steps: compared with the first, the champion."""
+    smoke: FlowRun
+    """A smoke run (`model.name=tiny`), 2 steps: an experiment, a registered model and a leaderboard of its own."""
+
+
+@pytest.fixture(scope="module")
+def nights(served, tiny_run, tiny_model_dir, tmp_path_factory) -> Nights:
+    """Three `verl-grpo/gsm8k` deployment runs on `make serve`, one after the other. Tracking in the state dir's
+    default store, which the MLflow UI of `make serve` serves."""
+    smoke = [*tiny_run, f"storage.uri=file://{tmp_path_factory.mktemp('nights') / 'store'}"]
+    production = [*smoke, f"model.name={tiny_model_dir}"]
+    runs = [run_deployment("verl-grpo/gsm8k", parameters={"overrides": _steps(overrides, steps)},
+                           timeout=RUN_TIMEOUT_S) for overrides, steps in ((production, 4), (production, 2), (smoke, 2))]
+    with get_client(sync_client=True) as client:
+        return Nights(*(client.read_flow_run(run.id) for run in runs))
+
+
+def test_deployment_run_completes_with_artifacts(nights):
+    flow_run = nights.first
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run.id)
         logs = _flow_run_logs(client, flow_run.id, until="decision: ")
@@ -149,6 +180,113 @@ def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples, mlfl
     assert sections[0][0] == "train" and all(name.startswith("train") for name, _ in sections[:-1]), sections
     single_values = [m["key"] for m in run_data["metrics"] if "/" not in m["key"]]
     assert sections[-1] == ("Model metrics", len(single_values)) and "eval.accuracy" in single_values, sections
+
+
+SCREENSHOTS_ENV = "VERL_GRPO_SCREENSHOTS"
+"""A directory to keep the pages' screenshots in (docs/screenshots is taken this way); unset: none are kept."""
+WIDE = (2600, 1000)
+"""MLflow's runs table draws only the columns in view: wide enough for the leaderboard's."""
+
+
+def test_the_nights_compare_in_both_uis(nights, tmp_path):
+    """Which night was best, and what the model writes now: the leaderboard in Prefect and in MLflow's runs table
+    (production runs only), MLflow's evaluation comparison of two nights on the same rows, the flow run's state
+    message, and a samples page that keeps the text as written."""
+    prefect_ui = PREFECT_API_URL.value().removesuffix("/api")
+    shots = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path)
+    with get_client(sync_client=True) as client:
+        first, second, smoke = (_newest_artifacts(client, run.id) for run in (nights.first, nights.second, nights.smoke))
+        for run in (nights.second, nights.smoke):
+            assert client.read_flow_run(run.id).state.type == StateType.COMPLETED, run.state
+    (ui, production, first_run), (_, _, second_run), (_, smoke_experiment, smoke_run) = (
+        _mlflow_run(a) for a in (first, second, smoke))
+    assert smoke_experiment != production  # smoke runs in an experiment of their own: verl-grpo/gsm8k-tiny
+    assert _experiment_name(ui, smoke_experiment) == "verl-grpo/gsm8k-tiny"
+
+    # Prefect: the task's leaderboard, a new version of `leaderboard-gsm8k` after each production night.
+    assert "leaderboard-gsm8k" not in smoke and "leaderboard-gsm8k-tiny" in smoke and "run-summary-gsm8k-tiny" in smoke
+    url = f"{prefect_ui}/artifacts/artifact/{second['leaderboard-gsm8k'].id}"
+    [board] = browser.tables(browser.rendered_dom(url))
+    assert board.headers == leaderboard.HEADER
+    assert board.column("run") == [nights.second.name, nights.first.name]  # newest first, no smoke run
+    row = dict(zip(board.headers, board.rows[0]))
+    assert float(row["accuracy"]) >= 0 and row["Δ vs champion"][0] in "+-" and 0 <= float(row["p"]) <= 1, row
+    assert row["decision"].startswith("kept-") and row["steps"] == "2" and row["cost"] == "local", row
+    browser.screenshot(url, shots / "prefect-leaderboard.png")
+
+    # MLflow: the experiment's saved view, the same columns, the production nights only.
+    url = f"{ui}/#{leaderboard.leaderboard_route(production)}"
+    drawn = browser.grid_rows(browser.rendered_dom(url, window=WIDE))
+    assert set(drawn) == {first_run, second_run}, drawn
+    columns = drawn[second_run]
+    for key in (leaderboard.ACCURACY, leaderboard.DELTA, leaderboard.P_VALUE, leaderboard.STEPS):
+        assert re.fullmatch(r"-?[\d.e-]+", columns[f"metrics.`{key}`"]), (key, columns)
+    assert columns[f"tags.`{leaderboard.DECISION_TAG}`"] == row["decision"]
+    browser.screenshot(url, shots / "mlflow-leaderboard-view.png", window=(2000, 700))
+
+    # MLflow's own evaluation view: the second night's answers beside the first's, question by question.
+    url = evaluation_compare_url(ui, production, second_run, first_run)
+    rows = comparison_rows(browser.rendered_dom(url))
+    assert rows and all(r.compared for r in rows), rows[:3]
+    assert all(r.question and "<|im_start|>" not in r.question for r in rows), rows[:3]
+    assert all(set(r.assessments["correct"]) <= {"True", "False"} and len(r.assessments["correct"]) == 2 for r in rows)
+    browser.screenshot(url, shots / "mlflow-eval-compare.png")
+
+    # The flow run's page shows its state message: the warnings, then the decision.
+    page = browser.rendered_dom(f"{prefect_ui}/runs/flow-run/{nights.second.id}")
+    message = nights.second.state.message
+    assert message.rsplit("Decision: ", 1)[1][:60] in html.unescape(page), message
+
+    # The samples page keeps a response as written: `<answer>` as text, its line breaks.
+    page = _published_samples_page()
+    url = f"{prefect_ui}/artifacts/artifact/{page}"
+    dom = browser.rendered_dom(url)
+    assert sample_blocks(dom)[0] == "Susan has 52 cats. Bob has 4 cats. How many more cats has Susan?"
+    assert readable_responses(dom) == SAMPLE_RESPONSES
+    [numbers] = browser.tables(dom)
+    assert numbers.column("reward") == ["0.0", "0.4"] and numbers.column("advantage") == ["0.707", "-0.293"]
+    browser.screenshot(url, shots / "prefect-training-samples.png")
+
+
+SAMPLE_PROMPT = ("<|im_start|>system\nYou are a careful problem solver. Reason inside <think> </think>.<|im_end|>\n"
+                 "<|im_start|>user\nSusan has 52 cats. Bob has 4 cats. How many more cats has Susan?<|im_end|>\n"
+                 "<|im_start|>assistant\n")
+SAMPLE_RESPONSES = ["<think>\n52-4=48\n</think>\n<answer>48</answer>",
+                    "<think>\n52-2=50\n</think>\n<answer>52</answer>"]
+
+
+@flow
+def _published_samples_page():
+    """The `training-samples` page of a step whose responses kept the format (a tiny model's never do), published
+    on the served Prefect as the flow publishes it."""
+    samples = [{"prompt": SAMPLE_PROMPT, "response": r, "reward": 0.4000000096857548 * i, "advantage": 0.7071 - i,
+                "truncated": False, "components": {"correctness": float(i == 0)}} for i, r in enumerate(SAMPLE_RESPONSES)]
+    page = samples_markdown({"step": 4, "samples": samples}, "gsm8k-run",
+                            full_text_line(None, "/store/runs/gsm8k-run/samples.jsonl"))
+    return create_markdown_artifact(page, key=SAMPLES_KEY)
+
+
+def _newest_artifacts(client, flow_run_id) -> dict:
+    """The flow run's newest artifact of each key."""
+    by_key = {}
+    for artifact in client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))):
+        if artifact.key not in by_key or artifact.created > by_key[artifact.key].created:
+            by_key[artifact.key] = artifact
+    return by_key
+
+
+def _mlflow_run(artifacts: dict) -> tuple[str, str, str]:
+    """(MLflow UI, experiment id, MLflow run id) of a flow run's `mlflow-run` link."""
+    url = re.search(r"\((http://[^)]+)\)", artifacts["mlflow-run"].data)[1]
+    ui, route = url.split("/#/", 1)
+    _, experiment, _, run = route.split("?", 1)[0].split("/")
+    return ui, experiment, run
+
+
+def _experiment_name(ui: str, experiment_id: str) -> str:
+    got = httpx.get(f"{ui}/api/2.0/mlflow/experiments/get", params={"experiment_id": experiment_id}, timeout=30)
+    return got.json()["experiment"]["name"]
 
 
 def test_cancelling_a_flow_run_stops_the_trainer(served, tiny_overrides):

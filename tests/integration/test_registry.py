@@ -10,11 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import browser
-import pandas as pd
 import pytest
 import torch
-from eval_view import comparison_rows
 from metrics_lines import trl_lines
 from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
@@ -25,8 +22,6 @@ from verl_grpo.contracts import RunCost
 from verl_grpo.errors import ConfigError, InfraError
 from verl_grpo.provenance import git_sha
 from verl_grpo.registry import download_version, list_models, register_run
-from verl_grpo.registry.eval_records import evaluation_compare_url
-from verl_grpo.store_layout import eval_table
 from verl_grpo_tasks.reporting import curve_png_location
 
 
@@ -330,41 +325,6 @@ def test_register_against_an_mlflow_server(env, tiny_model_dir, mlflow_server, t
     assert client.get_model_version("verl-grpo-gsm8k", "1").description.startswith("v1 is the first model")
     hf_dir = download_version(mlflow_server, "verl-grpo-gsm8k", "1", tmp_path / "dl")
     assert AutoModelForCausalLM.from_pretrained(hf_dir).config.vocab_size > 0
-
-
-def _with_answers(store, run_id: str, answer: str) -> None:
-    """The run's eval table with ChatML prompts and the model's responses, as the evaluator writes them."""
-    path = Path(store.path(eval_table(run_id, SPLIT)))
-    table = pd.read_parquet(path)
-    table["prompt"] = [f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is {i} + 1?<|im_end|>\n"
-                       "<|im_start|>assistant\n" for i in range(len(table))]
-    table["response"] = [f"{answer} #### {i + 1}" for i in range(len(table))]
-    table.to_parquet(path)
-
-
-@pytest.mark.slow
-def test_the_mlflow_ui_compares_two_runs_answers_to_the_same_questions(env, tiny_model_dir, mlflow_server):
-    """The evaluation comparison of two runs on the same rows, in MLflow's own UI (headless Chromium)."""
-    cfg, store, dataset = env
-    cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"mlflow_uri": mlflow_server})})
-    versions = {}
-    for run_id, k in (("night-1", 10), ("night-2", 30)):
-        train, report, base = make_run(store, tiny_model_dir, run_id, correct_first(k))
-        _with_answers(store, run_id, run_id)
-        versions[run_id] = register(cfg, store, dataset, train, report, base)
-    exp = MlflowClient(mlflow_server).get_run(versions["night-1"].mlflow_run_id).info.experiment_id
-
-    url = evaluation_compare_url(mlflow_server, exp, versions["night-2"].mlflow_run_id,
-                                 versions["night-1"].mlflow_run_id)
-    rows = comparison_rows(browser.rendered_dom(url))
-
-    assert rows, f"no evaluation rows at {url}"
-    assert all(row.compared for row in rows), f"rows without both runs' answers at {url}: {rows[:3]}"
-    # Fixed against the base model first (night-2 answers 30 right, the base none), the question before anything.
-    first = rows[0]
-    assert first.question == "What is 0 + 1?" and first.answers == ["night-2 #### 1", "night-1 #### 1"]
-    assert first.assessments["correct"] == ["True", "True"]
-    assert any(row.assessments["correct"] == ["True", "False"] for row in rows)  # flipped between the nights
 
 
 def test_actual_cloud_cost_is_on_the_run_and_in_the_returned_version(env, tiny_model_dir):
