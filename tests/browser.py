@@ -158,3 +158,20 @@ def grid_rows(dom: str) -> dict[str, dict[str, str]]:
     parser = _GridRows()
     parser.feed(_VOID.sub("", dom))
     return parser.rows
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: list[dict[str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.links.append({k: v or "" for k, v in attrs})
+
+
+def links(dom: str) -> list[dict[str, str]]:
+    """Every link of a rendered page, as its attributes (`href`, `title`, ...), in page order."""
+    parser = _Links()
+    parser.feed(dom)
+    return parser.links

@@ -95,6 +95,7 @@ ENV
 cat <<MSG
 worker started (pid $(cat "$PREFECT_HOME/worker.pid")); logs in $PREFECT_HOME/{server,deploy,worker}.log
 UI:  http://127.0.0.1:$PORT (Prefect)   $VERL_GRPO_MLFLOW_UI/#/experiments?workflowType=machine_learning (MLflow)
+Leaderboard (after a run): http://127.0.0.1:$PORT/artifacts/key/leaderboard-gsm8k (its first line opens MLflow's view)
 Run: source $PREFECT_HOME/env && $VENV/bin/prefect deployment run verl-grpo/gsm8k --watch
 Stop: make stop
 MSG

@@ -132,8 +132,7 @@ def test_deployment_run_completes_with_artifacts(nights):
     assert by_key["run-summary-gsm8k"].task_run_id is None and by_key["eval-results"].task_run_id is None
     assert "**Decision:**" in summary and "| accuracy |" in summary and "McNemar p=" in summary
     decision = next(log.message for log in logs if log.message.startswith("decision: ")).removeprefix("decision: ")
-    # The runs list shows the final state's message: the summary's warnings (the tiny model learns nothing), then
-    # the decision.
+    # The final state's message: the summary's warnings (the tiny model learns nothing), then the decision.
     assert summary.count("**Warning:** ") == flow_run.state.message.count("Warning: ") > 0, flow_run.state.message
     assert flow_run.state.message.startswith("Warning: ") and flow_run.state.message.endswith(f"Decision: {decision}")
     assert any(log.message.startswith("accuracy: ") and "McNemar p=" in log.message for log in logs)
@@ -172,7 +171,10 @@ def _the_browser_shows_the_night(prefect_ui: str, artifacts: dict, samples, mlfl
     [drawn] = browser.tables(browser.rendered_dom(f"{mlflow_run}/artifacts/train/samples.json"))
     assert sorted({int(s) for s in drawn.column("step")}) == [1, 2, 3, 4]  # every sampled step, not just the last
     assert all(drawn.column("prompt")) and all(drawn.column("response"))
-    [drawn] = browser.tables(browser.rendered_dom(f"{mlflow_run}/artifacts/eval/test-side_by_side.json"))
+    side_by_side = f"{mlflow_run}/artifacts/eval/test-side_by_side.json"
+    [drawn] = browser.tables(browser.rendered_dom(side_by_side))
+    if shots := os.environ.get(SCREENSHOTS_ENV):
+        browser.screenshot(side_by_side, Path(shots) / "mlflow-eval-side-by-side.png")
     assert {"base_response", "trained_response", "base_correct", "trained_correct"} <= set(drawn.headers)
     assert drawn.headers[0] == "question" and drawn.rows and all(drawn.column("question"))
     # The Model metrics tab opens on the training curves; the single values (eval, p-values) follow as bars.
@@ -206,9 +208,12 @@ def test_the_nights_compare_in_both_uis(nights, tmp_path):
     # Prefect: the task's leaderboard, a new version of `leaderboard-gsm8k` after each production night.
     assert "leaderboard-gsm8k" not in smoke and "leaderboard-gsm8k-tiny" in smoke and "run-summary-gsm8k-tiny" in smoke
     url = f"{prefect_ui}/artifacts/artifact/{second['leaderboard-gsm8k'].id}"
-    [board] = browser.tables(browser.rendered_dom(url))
-    assert board.headers == leaderboard.HEADER
-    assert board.column("run") == [nights.second.name, nights.first.name]  # newest first, no smoke run
+    dom = browser.rendered_dom(url)
+    [board] = browser.tables(dom)
+    assert board.headers == leaderboard.HEADER and len(board.rows) == 2, board  # no smoke run
+    nights_linked = [(link["href"].split("/runs/")[1].split("?")[0], link.get("title")) for link in browser.links(dom)
+                     if "/#/experiments/" in link.get("href", "") and "/runs/" in link["href"]]
+    assert nights_linked == [(second_run, nights.second.name), (first_run, nights.first.name)], nights_linked
     row = dict(zip(board.headers, board.rows[0]))
     assert float(row["accuracy"]) >= 0 and row["Δ vs champion"][0] in "+-" and 0 <= float(row["p"]) <= 1, row
     assert row["decision"].startswith("kept-") and row["steps"] == "2" and row["cost"] == "local", row
@@ -222,7 +227,7 @@ def test_the_nights_compare_in_both_uis(nights, tmp_path):
     for key in (leaderboard.ACCURACY, leaderboard.DELTA, leaderboard.P_VALUE, leaderboard.STEPS):
         assert re.fullmatch(r"-?[\d.e-]+", columns[f"metrics.`{key}`"]), (key, columns)
     assert columns[f"tags.`{leaderboard.DECISION_TAG}`"] == row["decision"]
-    browser.screenshot(url, shots / "mlflow-leaderboard-view.png", window=(2000, 700))
+    browser.screenshot(url, shots / "mlflow-leaderboard-view.png", window=(2600, 700))
 
     # MLflow's own evaluation view: the second night's answers beside the first's, question by question.
     url = evaluation_compare_url(ui, production, second_run, first_run)

@@ -55,8 +55,9 @@ def test_rows_are_the_registered_runs_newest_first_with_deltas_over_the_champion
     markdown = leaderboard_markdown(board_name(cfg), rows, run_url=lambda run: f"http://ui/#/runs/{run}",
                                     view_url="http://ui/#/view")
     table = [line for line in markdown.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| date (UTC) | run | model | dataset | steps | accuracy | Δ vs champion | p |")
-    assert f"| [strong](http://ui/#/runs/{strong.mlflow_run_id}) | smollm2-135m · v2 | `h1` | 3 | 0.750 | +0.500 |" in table[2]
+    assert table[0].startswith("| night (UTC) | model | dataset | steps | accuracy | Δ vs champion | p |")
+    assert table[2].startswith(f'| [{strong.started}](http://ui/#/runs/{strong.mlflow_run_id} "strong") | '
+                               "smollm2-135m · v2 | `h1` | 3 | 0.750 | +0.500 |"), table[2]
     assert "| 0.600 | +0.400 | promoted | local |" in table[2]
     assert "[The same columns in MLflow](http://ui/#/view)" in markdown
 

@@ -109,24 +109,25 @@ def _metric(run: Run, key: str) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
-HEADER = ["date (UTC)", "run", "model", "dataset", "steps", "accuracy", "Δ vs champion", "p", "reward", "Δ reward",
+HEADER = ["night (UTC)", "model", "dataset", "steps", "accuracy", "Δ vs champion", "p", "reward", "Δ reward",
           "decision", "cost"]
 
 
 def leaderboard_markdown(task: str, rows: list[Row], run_url: Callable[[str], str | None],
                          view_url: str | None = None) -> str:
     """The leaderboard as a markdown table (Prefect's artifact): 3-digit numbers, the run linked to its MLflow page
-    when a UI serves it (`run_url(mlflow_run_id)`), and a line linking MLflow's saved view of the same columns."""
+    when a UI serves it (`run_url(mlflow_run_id)`: the night's date is the link, the run's name its title), and a line
+    linking MLflow's saved view of the same columns."""
     lines = [f"# Leaderboard: {task}", ""]
     lines += [f"Newest first; {len(rows)} registered run{'s' if len(rows) != 1 else ''}. Δ and p: against the champion "
               "of the night, on the same problems (McNemar)."]
     if view_url:
         lines += ["", f"[The same columns in MLflow]({view_url})"]
-    lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * 4 + "---:|" * 6 + "---|---:|"]
+    lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" * 6 + "---|---:|"]
     for row in rows:
         url = run_url(row.mlflow_run_id)
-        run = f"[{row.run_name}]({url})" if url else f"`{row.run_name}`"
-        cells = [row.started, run, row.model, f"`{row.dataset}`" if row.dataset else "", _int(row.steps),
+        night = f'[{row.started}]({url} "{row.run_name}")' if url else f"{row.started} `{row.run_name}`"
+        cells = [night, row.model, f"`{row.dataset}`" if row.dataset else "", _int(row.steps),
                  _num(row.accuracy), _signed(row.delta), _num(row.p_value), _num(row.reward), _signed(row.reward_delta),
                  row.decision, row.cost]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
