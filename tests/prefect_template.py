@@ -62,9 +62,18 @@ def seed_prefect_home(home: Path) -> Path:
     return home
 
 
+EVENTS_DRAIN_S = 60
+"""How long the harness's teardown waits for the events its flows emitted. Prefect waits without a bound, and an
+events websocket that stopped answering under a loaded machine costs about a minute per queued event (ten
+reconnection attempts each): a test that passed would then hang its module's teardown past the suite's timeout.
+Events left over belong to the harness's server, which stops right after."""
+
+
 @contextlib.contextmanager
 def seeded_test_harness(server_startup_timeout: int = 120) -> Iterator[None]:
-    """Prefect's own `prefect_test_harness`, its temporary database a copy of the migrated one."""
+    """Prefect's own `prefect_test_harness`, its temporary database a copy of the migrated one, its teardown's wait
+    for emitted events bounded (`EVENTS_DRAIN_S`)."""
+    from prefect.events.worker import EventsWorker
     from prefect.testing import utilities
 
     def seeded_temp_dir() -> str:
@@ -72,6 +81,12 @@ def seeded_test_harness(server_startup_timeout: int = 120) -> Iterator[None]:
         shutil.copyfile(template_home() / "prefect.db", path / "prefect-test.db")  # the harness's file name
         return str(path)
 
+    drain_all = EventsWorker.drain_all
+
+    def bounded_drain_all(timeout: float | None = None, at_exit: bool = True):
+        return drain_all(timeout=EVENTS_DRAIN_S if timeout is None else timeout, at_exit=at_exit)
+
     with mock.patch.object(utilities, "mkdtemp", seeded_temp_dir), \
+            mock.patch.object(EventsWorker, "drain_all", staticmethod(bounded_drain_all)), \
             utilities.prefect_test_harness(server_startup_timeout=server_startup_timeout):
         yield
