@@ -65,10 +65,15 @@ def infra_errors(tracking_uri: str) -> Iterator[None]:
                          "stopped") from e
 
 
+_RELOCATION_CHECKED: set[str] = set()
+
+
 def client_for(tracking_uri: str) -> MlflowClient:
     """A client whose tracking and registry both live at `tracking_uri` (SQLite file or http server); a SQLite store
     that moved with its state dir has its artifact paths rewritten first (registry.relocate)."""
-    relocate_artifacts(tracking_uri)
+    if tracking_uri not in _RELOCATION_CHECKED:  # once per process: a store does not move under a running process
+        relocate_artifacts(tracking_uri)
+        _RELOCATION_CHECKED.add(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
